@@ -1,0 +1,258 @@
+//! Gateway configuration: the `gateway:` section of the Pingora YAML file,
+//! parsed strictly and validated into the internal form the proxy uses.
+//!
+//! Pingora's own `ServerConf` keys (threads, pid_file, upgrade_sock, ...) stay
+//! at the top level of the same file and are read by Pingora; only the
+//! `gateway:` key is ours. Every error names the field path, the value and the
+//! rule it broke, e.g. `gateway.models[1].addresses[0] = "x": not host:port`.
+
+mod file;
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use file::{AddressFile, GatewayFile, ModelFile, OneOrMany};
+
+/// The validated gateway configuration.
+#[derive(Debug, Clone)]
+pub struct GatewayConfig {
+    pub listen: Vec<SocketAddr>,
+    pub metrics_listen: SocketAddr,
+    pub failure_exclusion: Duration,
+    pub max_request_body_bytes: usize,
+    pub connect_timeout: Duration,
+    pub models: Vec<ModelConfig>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ModelConfig {
+    pub name: String,
+    pub backends: Vec<BackendConfig>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct BackendConfig {
+    pub addr: SocketAddr,
+    pub weight: u32,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("invalid YAML: {0}")]
+    Yaml(String),
+    #[error("{path} = {value}: {rule}")]
+    Invalid {
+        path: String,
+        value: String,
+        rule: String,
+    },
+}
+
+/// Upper bounds that catch unit mistakes (ms written as s, bytes as MiB).
+const MAX_EXCLUSION_SECS: u64 = 3600;
+const MAX_BODY_BYTES: u64 = 1 << 30;
+const MAX_CONNECT_TIMEOUT_MS: u64 = 60_000;
+const MAX_WEIGHT: u64 = 1000;
+const MAX_BACKENDS_PER_MODEL: usize = 256;
+
+/// The whole file: Pingora's keys are read by Pingora, we only take `gateway`.
+#[derive(Deserialize)]
+struct Document {
+    gateway: Option<GatewayFile>,
+}
+
+impl GatewayConfig {
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::from_yaml(&text)
+    }
+
+    pub fn from_yaml(text: &str) -> Result<Self, ConfigError> {
+        let doc: Document = serde_yaml::from_str(text).map_err(|e| {
+            // serde_yaml names the path below the root; prefix ours.
+            let msg = e.to_string();
+            ConfigError::Yaml(if msg.starts_with("gateway") {
+                msg
+            } else {
+                format!("gateway: {msg}")
+            })
+        })?;
+        let gateway = doc
+            .gateway
+            .ok_or_else(|| invalid("gateway", "(missing)", "the gateway section is required"))?;
+        validate(gateway)
+    }
+
+    pub fn model(&self, name: &str) -> Option<&ModelConfig> {
+        self.models.iter().find(|m| m.name == name)
+    }
+}
+
+fn invalid(path: impl Into<String>, value: impl std::fmt::Debug, rule: &str) -> ConfigError {
+    ConfigError::Invalid {
+        path: path.into(),
+        value: format!("{value:?}"),
+        rule: rule.into(),
+    }
+}
+
+fn in_range(path: &str, value: u64, lo: u64, hi: u64) -> Result<u64, ConfigError> {
+    if (lo..=hi).contains(&value) {
+        Ok(value)
+    } else {
+        Err(invalid(
+            path,
+            value,
+            &format!("must be between {lo} and {hi}"),
+        ))
+    }
+}
+
+fn socket_addr(path: &str, value: &str) -> Result<SocketAddr, ConfigError> {
+    value
+        .parse()
+        .map_err(|_| invalid(path, value, "not host:port (an IP address and a port)"))
+}
+
+fn validate(file: GatewayFile) -> Result<GatewayConfig, ConfigError> {
+    let listen_strings = match file.listen {
+        OneOrMany::One(s) => vec![s],
+        OneOrMany::Many(v) => v,
+    };
+    if listen_strings.is_empty() {
+        return Err(invalid(
+            "gateway.listen",
+            "[]",
+            "needs at least one address",
+        ));
+    }
+    let mut listen = Vec::new();
+    for (i, s) in listen_strings.iter().enumerate() {
+        let addr = socket_addr(&format!("gateway.listen[{i}]"), s)?;
+        if listen.contains(&addr) {
+            return Err(invalid(format!("gateway.listen[{i}]"), s, "listed twice"));
+        }
+        listen.push(addr);
+    }
+    let metrics_listen = socket_addr("gateway.metrics_listen", &file.metrics_listen)?;
+    if listen.contains(&metrics_listen) {
+        return Err(invalid(
+            "gateway.metrics_listen",
+            &file.metrics_listen,
+            "must differ from every gateway.listen address",
+        ));
+    }
+    let exclusion = in_range(
+        "gateway.failure_exclusion_secs",
+        file.failure_exclusion_secs,
+        1,
+        MAX_EXCLUSION_SECS,
+    )?;
+    let body = in_range(
+        "gateway.max_request_body_bytes",
+        file.max_request_body_bytes,
+        1024,
+        MAX_BODY_BYTES,
+    )?;
+    let connect = in_range(
+        "gateway.connect_timeout_ms",
+        file.connect_timeout_ms,
+        1,
+        MAX_CONNECT_TIMEOUT_MS,
+    )?;
+
+    if file.models.is_empty() {
+        return Err(invalid("gateway.models", "[]", "needs at least one model"));
+    }
+    let mut names = HashSet::new();
+    let mut models = Vec::new();
+    for (i, m) in file.models.into_iter().enumerate() {
+        let path = format!("gateway.models[{i}]");
+        let model = validate_model(&path, m)?;
+        if !names.insert(model.name.clone()) {
+            return Err(invalid(
+                format!("{path}.name"),
+                &model.name,
+                "duplicate model name",
+            ));
+        }
+        models.push(model);
+    }
+
+    Ok(GatewayConfig {
+        listen,
+        metrics_listen,
+        failure_exclusion: Duration::from_secs(exclusion),
+        max_request_body_bytes: body as usize,
+        connect_timeout: Duration::from_millis(connect),
+        models,
+    })
+}
+
+fn validate_model(path: &str, m: ModelFile) -> Result<ModelConfig, ConfigError> {
+    if m.name.trim().is_empty() || m.name.chars().any(char::is_control) {
+        return Err(invalid(
+            format!("{path}.name"),
+            &m.name,
+            "must be a non-empty name without control characters",
+        ));
+    }
+    let entries: Vec<(String, u64)> = match (m.address, m.addresses) {
+        (Some(_), Some(_)) => {
+            return Err(invalid(
+                path,
+                &m.name,
+                "set either `address` or `addresses`, not both",
+            ))
+        }
+        (None, None) => return Err(invalid(path, &m.name, "needs `address` or `addresses`")),
+        (Some(a), None) => vec![(a, 1)],
+        (None, Some(list)) => list
+            .into_iter()
+            .map(|a| match a {
+                AddressFile::Plain(s) => (s, 1),
+                AddressFile::Weighted(w) => (w.address, w.weight),
+            })
+            .collect(),
+    };
+    let list_path = format!("{path}.addresses");
+    if entries.is_empty() {
+        return Err(invalid(list_path, "[]", "needs at least one address"));
+    }
+    if entries.len() > MAX_BACKENDS_PER_MODEL {
+        return Err(invalid(
+            list_path,
+            entries.len(),
+            &format!("at most {MAX_BACKENDS_PER_MODEL} backends per model"),
+        ));
+    }
+    let mut backends: Vec<BackendConfig> = Vec::new();
+    for (i, (address, weight)) in entries.iter().enumerate() {
+        let at = format!("{list_path}[{i}]");
+        let addr = socket_addr(&at, address)?;
+        if backends.iter().any(|b| b.addr == addr) {
+            return Err(invalid(at, address, "duplicate address in this model"));
+        }
+        let weight = in_range(&format!("{at}.weight"), *weight, 1, MAX_WEIGHT)? as u32;
+        backends.push(BackendConfig { addr, weight });
+    }
+    Ok(ModelConfig {
+        name: m.name,
+        backends,
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,126 @@
+//! Errors a client sees, each with its HTTP status and an OpenAI-shaped body:
+//! `{"error": {"message", "type", "code"}}`.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use pingora::http::ResponseHeader;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("request body is larger than the limit of {limit} bytes")]
+    TooLarge { limit: usize },
+    #[error("chunked request bodies over {limit} bytes cannot be forwarded; send Content-Length")]
+    ChunkedTooLarge { limit: usize },
+    #[error("the model `{0}` does not exist")]
+    UnknownModel(String),
+    #[error("no route for {method} {path}")]
+    NotFound { method: String, path: String },
+    #[error("no backend of model `{model}` is available")]
+    NoBackend {
+        model: String,
+        retry_after: Duration,
+    },
+    #[error("the backend could not be reached: {0}")]
+    BadGateway(String),
+    #[error("the backend did not answer in time")]
+    GatewayTimeout,
+}
+
+impl ApiError {
+    pub fn status(&self) -> u16 {
+        match self {
+            ApiError::BadRequest(_) => 400,
+            ApiError::TooLarge { .. } | ApiError::ChunkedTooLarge { .. } => 413,
+            ApiError::UnknownModel(_) | ApiError::NotFound { .. } => 404,
+            ApiError::NoBackend { .. } => 503,
+            ApiError::BadGateway(_) => 502,
+            ApiError::GatewayTimeout => 504,
+        }
+    }
+
+    /// OpenAI's `type` and the gateway's machine-readable `code`.
+    fn kind(&self) -> (&'static str, &'static str) {
+        match self {
+            ApiError::BadRequest(_) => ("invalid_request_error", "invalid_body"),
+            ApiError::TooLarge { .. } | ApiError::ChunkedTooLarge { .. } => {
+                ("invalid_request_error", "body_too_large")
+            }
+            ApiError::UnknownModel(_) => ("invalid_request_error", "model_not_found"),
+            ApiError::NotFound { .. } => ("invalid_request_error", "not_found"),
+            ApiError::NoBackend { .. } => ("server_error", "no_backend"),
+            ApiError::BadGateway(_) => ("server_error", "bad_gateway"),
+            ApiError::GatewayTimeout => ("server_error", "gateway_timeout"),
+        }
+    }
+
+    /// Whole seconds a client should wait before retrying, if any.
+    pub fn retry_after(&self) -> Option<u64> {
+        match self {
+            // Round up: retrying before the backend returns is wasted.
+            ApiError::NoBackend { retry_after, .. } => {
+                Some(retry_after.as_millis().div_ceil(1000).max(1) as u64)
+            }
+            _ => None,
+        }
+    }
+
+    /// The JSON body of this error.
+    pub fn body(&self) -> Bytes {
+        let (kind, code) = self.kind();
+        let v = serde_json::json!({
+            "error": {"message": self.to_string(), "type": kind, "code": code}
+        });
+        Bytes::from(v.to_string())
+    }
+
+    /// The full response: status, headers and body.
+    pub fn response(&self) -> (ResponseHeader, Bytes) {
+        let body = self.body();
+        let mut header = json_header(self.status(), body.len());
+        if let Some(secs) = self.retry_after() {
+            let _ = header.insert_header("Retry-After", secs.to_string());
+        }
+        (header, body)
+    }
+}
+
+/// A response header for a JSON body of `len` bytes.
+pub fn json_header(status: u16, len: usize) -> ResponseHeader {
+    let mut header = ResponseHeader::build(status, Some(4)).expect("valid status code");
+    // Static names and values: these inserts cannot fail.
+    let _ = header.insert_header("Content-Type", "application/json");
+    let _ = header.insert_header("Content-Length", len.to_string());
+    header
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn body_is_openai_shaped() {
+        let e = ApiError::UnknownModel("x".into());
+        let v: serde_json::Value = serde_json::from_slice(&e.body()).unwrap();
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+        assert_eq!(v["error"]["code"], "model_not_found");
+        assert_eq!(v["error"]["message"], "the model `x` does not exist");
+        assert_eq!(e.status(), 404);
+    }
+
+    #[test]
+    fn retry_after_rounds_up_to_whole_seconds() {
+        let e = |ms| ApiError::NoBackend {
+            model: "m".into(),
+            retry_after: Duration::from_millis(ms),
+        };
+        assert_eq!(e(1).retry_after(), Some(1));
+        assert_eq!(e(1000).retry_after(), Some(1));
+        assert_eq!(e(29_001).retry_after(), Some(30));
+        let (h, _) = e(2500).response();
+        assert_eq!(h.headers["retry-after"], "3");
+        assert_eq!(h.status, 503);
+    }
+}

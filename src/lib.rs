@@ -1,0 +1,11 @@
+//! poimen-gateway: a Pingora edge daemon that routes OpenAI-style requests to
+//! a pool of vLLM backends per model, keeping requests that share a cache key
+//! on the same GPU so its prefix KV cache is reused.
+#![forbid(unsafe_code)]
+
+pub mod body;
+pub mod config;
+pub mod errors;
+pub mod pool;
+pub mod proxy;
+pub mod selection;

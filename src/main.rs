@@ -1,0 +1,53 @@
+//! The daemon: Pingora's command line (`-c FILE`, `-t`, `-d`, `-u`), the
+//! gateway section checked before anything starts, then the proxy and the
+//! Prometheus services.
+#![forbid(unsafe_code)]
+
+use std::process::ExitCode;
+
+use pingora::prelude::*;
+use pingora::proxy::http_proxy_service;
+use poimen_gateway::config::GatewayConfig;
+use poimen_gateway::proxy::Gateway;
+
+fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    let opt = Opt::parse_args();
+    let Some(path) = opt.conf.clone() else {
+        eprintln!("poimen-gateway: a configuration file is required: -c FILE");
+        return ExitCode::from(2);
+    };
+    let config = match GatewayConfig::load(path.as_ref()) {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("poimen-gateway: {path}: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let test_only = opt.test;
+    // Pingora reads its own keys from the same file.
+    let mut server = match Server::new(Some(opt)) {
+        Ok(server) => server,
+        Err(e) => {
+            eprintln!("poimen-gateway: {path}: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if test_only {
+        println!("poimen-gateway: {path}: configuration OK");
+        return ExitCode::SUCCESS;
+    }
+    server.bootstrap();
+
+    let listen = config.listen.clone();
+    let metrics_listen = config.metrics_listen;
+    let mut proxy = http_proxy_service(&server.configuration, Gateway::new(config));
+    for addr in listen {
+        proxy.add_tcp(&addr.to_string());
+    }
+    let mut metrics = pingora_prometheus::prometheus_http_service();
+    metrics.add_tcp(&metrics_listen.to_string());
+    server.add_service(proxy);
+    server.add_service(metrics);
+    server.run_forever()
+}

@@ -1,0 +1,231 @@
+//! One model's backends: a Pingora `LoadBalancer` over [`CacheAffinity`],
+//! plus the failure exclusion window (CAG-3 AC4).
+//!
+//! A backend that failed is left out of routing for the window; requests go
+//! to the next backend in their ranking meanwhile. Exclusion is lock-free:
+//! one atomic deadline per backend.
+
+use std::collections::{BTreeSet, HashMap};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use futures::FutureExt;
+use pingora::lb::discovery::Static;
+use pingora::lb::{Backend, Backends, LoadBalancer};
+
+use crate::config::ModelConfig;
+use crate::selection::CacheAffinity;
+
+/// Why a backend was chosen: shown to clients as `X-Poimen-Route`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// The key's highest-scoring backend.
+    Hash,
+    /// No key: the round-robin turn.
+    RoundRobin,
+    /// The preferred backend was excluded or failed: the next in rank.
+    Fallback,
+}
+
+impl Route {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Route::Hash => "hash",
+            Route::RoundRobin => "round_robin",
+            Route::Fallback => "fallback",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Pick {
+    pub addr: SocketAddr,
+    pub route: Route,
+}
+
+pub struct ModelPool {
+    pub name: String,
+    lb: LoadBalancer<CacheAffinity>,
+    /// The configured order, for reporting.
+    addrs: Vec<SocketAddr>,
+    /// Deadline per backend, in ms since `epoch`; 0 when not excluded.
+    excluded_until: HashMap<SocketAddr, AtomicU64>,
+    epoch: Instant,
+    window: Duration,
+}
+
+impl ModelPool {
+    pub fn new(model: &ModelConfig, window: Duration) -> Self {
+        let set: BTreeSet<Backend> = model
+            .backends
+            .iter()
+            .map(|b| Backend::new_with_weight(&b.addr.to_string(), b.weight as usize))
+            .collect::<Result<_, _>>()
+            .expect("addresses were validated as socket addresses");
+        let lb = LoadBalancer::from_backends(Backends::new(Static::new(set)));
+        // Static discovery never awaits: this completes on the first poll.
+        lb.update()
+            .now_or_never()
+            .expect("static discovery is immediate")
+            .expect("static discovery cannot fail");
+        let addrs: Vec<SocketAddr> = model.backends.iter().map(|b| b.addr).collect();
+        ModelPool {
+            name: model.name.clone(),
+            lb,
+            excluded_until: addrs.iter().map(|a| (*a, AtomicU64::new(0))).collect(),
+            addrs,
+            epoch: Instant::now(),
+            window,
+        }
+    }
+
+    /// The backend for a request with cache key `key` (empty: none), not
+    /// excluded and not in `skip` (backends this request already failed on).
+    /// `Err` carries the time until the earliest excluded backend returns.
+    pub fn pick(&self, key: &[u8], skip: &[SocketAddr], now: Instant) -> Result<Pick, Duration> {
+        // `select_with` takes an `Fn`: count the passed-over backends in a Cell.
+        let passed = std::cell::Cell::new(0usize);
+        let chosen = self.lb.select_with(key, self.addrs.len(), |b, healthy| {
+            let ok = healthy
+                && b.as_inet()
+                    .is_some_and(|a| !skip.contains(a) && !self.is_excluded(a, now));
+            if !ok {
+                passed.set(passed.get() + 1);
+            }
+            ok
+        });
+        let Some(backend) = chosen else {
+            return Err(self.retry_after(now));
+        };
+        let addr = *backend.as_inet().expect("pools hold inet backends");
+        let route = match (key.is_empty(), passed.get() == 0 && skip.is_empty()) {
+            (_, false) => Route::Fallback,
+            (true, true) => Route::RoundRobin,
+            (false, true) => Route::Hash,
+        };
+        Ok(Pick { addr, route })
+    }
+
+    /// Leave `addr` out of routing for the exclusion window from `now`.
+    /// Returns true when it was not excluded before (a new exclusion).
+    pub fn exclude(&self, addr: SocketAddr, now: Instant) -> bool {
+        let Some(until) = self.excluded_until.get(&addr) else {
+            return false;
+        };
+        let was_excluded = self.is_excluded(&addr, now);
+        let deadline = self.millis(now + self.window);
+        until.fetch_max(deadline, Ordering::Relaxed);
+        !was_excluded
+    }
+
+    pub fn is_excluded(&self, addr: &SocketAddr, now: Instant) -> bool {
+        self.remaining(addr, now).is_some()
+    }
+
+    /// Time left in `addr`'s exclusion, if it is excluded.
+    pub fn remaining(&self, addr: &SocketAddr, now: Instant) -> Option<Duration> {
+        let until = self.excluded_until.get(addr)?.load(Ordering::Relaxed);
+        let now = self.millis(now);
+        (until > now).then(|| Duration::from_millis(until - now))
+    }
+
+    /// The time until the earliest excluded backend returns (zero if none is).
+    pub fn retry_after(&self, now: Instant) -> Duration {
+        self.addrs
+            .iter()
+            .filter_map(|a| self.remaining(a, now))
+            .min()
+            .unwrap_or_default()
+    }
+
+    pub fn addrs(&self) -> &[SocketAddr] {
+        &self.addrs
+    }
+
+    fn millis(&self, t: Instant) -> u64 {
+        // +1 keeps 0 free to mean "not excluded".
+        t.saturating_duration_since(self.epoch).as_millis() as u64 + 1
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::BackendConfig;
+
+    fn pool(n: u16) -> ModelPool {
+        let model = ModelConfig {
+            name: "m".into(),
+            backends: (0..n)
+                .map(|i| BackendConfig {
+                    addr: SocketAddr::from(([127, 0, 0, 1], 9000 + i)),
+                    weight: 1,
+                })
+                .collect(),
+        };
+        ModelPool::new(&model, Duration::from_secs(30))
+    }
+
+    #[test]
+    fn keyed_picks_are_stable_and_hash_routed() {
+        let p = pool(4);
+        let now = Instant::now();
+        let a = p.pick(b"k1", &[], now).unwrap();
+        assert_eq!(a.route, Route::Hash);
+        for _ in 0..10 {
+            assert_eq!(p.pick(b"k1", &[], now).unwrap().addr, a.addr);
+        }
+    }
+
+    #[test]
+    fn excluded_backend_falls_back_then_returns_after_the_window() {
+        let p = pool(4);
+        let now = Instant::now();
+        let first = p.pick(b"k1", &[], now).unwrap().addr;
+        assert!(p.exclude(first, now));
+        assert!(!p.exclude(first, now), "already excluded");
+        let fb = p.pick(b"k1", &[], now).unwrap();
+        assert_ne!(fb.addr, first);
+        assert_eq!(fb.route, Route::Fallback);
+        // Still out just before the window ends, back right after.
+        assert!(p.is_excluded(&first, now + Duration::from_millis(29_900)));
+        let later = now + Duration::from_secs(31);
+        assert_eq!(p.pick(b"k1", &[], later).unwrap().addr, first);
+    }
+
+    #[test]
+    fn all_excluded_reports_the_earliest_return() {
+        let p = pool(2);
+        let now = Instant::now();
+        p.exclude(p.addrs()[0], now);
+        p.exclude(p.addrs()[1], now + Duration::from_secs(10));
+        let wait = p.pick(b"", &[], now + Duration::from_secs(10)).unwrap_err();
+        assert!(wait <= Duration::from_secs(20) && wait > Duration::from_secs(19));
+    }
+
+    #[test]
+    fn skip_list_moves_a_retry_to_the_next_rank() {
+        let p = pool(3);
+        let now = Instant::now();
+        let first = p.pick(b"k", &[], now).unwrap().addr;
+        let second = p.pick(b"k", &[first], now).unwrap();
+        assert_ne!(second.addr, first);
+        assert_eq!(second.route, Route::Fallback);
+        let third = p.pick(b"k", &[first, second.addr], now).unwrap().addr;
+        assert!(p.pick(b"k", &[first, second.addr, third], now).is_err());
+    }
+
+    #[test]
+    fn round_robin_spreads_evenly() {
+        let p = pool(3);
+        let now = Instant::now();
+        let mut counts: HashMap<SocketAddr, usize> = HashMap::new();
+        for _ in 0..300 {
+            let pick = p.pick(b"", &[], now).unwrap();
+            assert_eq!(pick.route, Route::RoundRobin);
+            *counts.entry(pick.addr).or_default() += 1;
+        }
+        assert!(counts.values().all(|c| *c == 100), "{counts:?}");
+    }
+}

@@ -1,0 +1,233 @@
+//! Backend selection as a Pingora `BackendSelection`: rendezvous (highest
+//! random weight) hashing for requests that carry a cache key, weighted
+//! round-robin for those that do not.
+//!
+//! The rendezvous hash is part of the product's contract: the same key must
+//! pick the same backend in every process, after restarts and upgrades, and on
+//! every replica. So it is a fixed function, never a randomly seeded hasher:
+//!
+//! ```text
+//! h     = xxh3_64(key ‖ 0x00 ‖ address)      seed 0; address as "127.0.0.1:8000" / "[::1]:8000"
+//! u     = (top 53 bits of h + 0.5) / 2^53    uniform in (0, 1)
+//! score = -weight / ln(u)                    weighted HRW; with equal weights, rank by h
+//! ```
+//!
+//! Backends are ranked by score, highest first (ties by address); the first
+//! one that is usable serves the request, the next ones are the fallbacks.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use pingora::lb::selection::{BackendIter, BackendSelection};
+use pingora::lb::Backend;
+use xxhash_rust::xxh3::Xxh3Default;
+
+/// The rendezvous hash of one (key, backend address) pair.
+pub fn pair_hash(key: &[u8], address: &str) -> u64 {
+    let mut h = Xxh3Default::new();
+    h.update(key);
+    h.update(&[0]);
+    h.update(address.as_bytes());
+    h.digest()
+}
+
+/// Weighted rendezvous score of a pair hash: `-weight / ln(u)`.
+pub fn score(hash: u64, weight: u32) -> f64 {
+    let u = ((hash >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+    -f64::from(weight) / u.ln()
+}
+
+/// Indices of `backends` (address, weight) from the best score to the worst.
+pub fn rank(key: &[u8], backends: &[(String, u32)]) -> Vec<usize> {
+    let mut scored: Vec<(f64, usize)> = backends
+        .iter()
+        .enumerate()
+        .map(|(i, (addr, w))| (score(pair_hash(key, addr), *w), i))
+        .collect();
+    // Descending score; equal scores keep the (sorted) address order.
+    scored.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+    scored.into_iter().map(|(_, i)| i).collect()
+}
+
+/// The selector one model's `LoadBalancer` runs. An empty key means "no cache
+/// key": round-robin.
+pub struct CacheAffinity {
+    backends: Vec<Backend>,
+    /// (address text, weight), hashed per request; precomputed once.
+    keyed: Vec<(String, u32)>,
+    /// Backend indices repeated by weight, walked by the round-robin counter.
+    slots: Vec<usize>,
+    next: AtomicUsize,
+}
+
+impl BackendSelection for CacheAffinity {
+    type Iter = Ranked;
+    type Config = ();
+
+    fn build(set: &BTreeSet<Backend>) -> Self {
+        let backends: Vec<Backend> = set.iter().cloned().collect();
+        let keyed = backends
+            .iter()
+            .map(|b| (b.addr.to_string(), b.weight as u32))
+            .collect();
+        let slots = backends
+            .iter()
+            .enumerate()
+            .flat_map(|(i, b)| std::iter::repeat_n(i, b.weight.max(1)))
+            .collect();
+        CacheAffinity {
+            backends,
+            keyed,
+            slots,
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    fn iter(self: &Arc<Self>, key: &[u8]) -> Ranked {
+        let order = if self.backends.is_empty() {
+            Vec::new()
+        } else if key.is_empty() {
+            // Round-robin picks the first; the others follow in address order
+            // as fallbacks.
+            let first = self.slots[self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len()];
+            let n = self.backends.len();
+            (0..n).map(|i| (first + i) % n).collect()
+        } else {
+            rank(key, &self.keyed)
+        };
+        Ranked {
+            selector: Arc::clone(self),
+            order,
+            pos: 0,
+        }
+    }
+}
+
+/// Backends of one request in preference order.
+pub struct Ranked {
+    selector: Arc<CacheAffinity>,
+    order: Vec<usize>,
+    pos: usize,
+}
+
+impl BackendIter for Ranked {
+    fn next(&mut self) -> Option<&Backend> {
+        let i = *self.order.get(self.pos)?;
+        self.pos += 1;
+        self.selector.backends.get(i)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn addrs(n: usize) -> Vec<(String, u32)> {
+        (0..n)
+            .map(|i| (format!("10.0.0.{}:8000", i + 1), 1))
+            .collect()
+    }
+
+    fn owner(key: &[u8], backends: &[(String, u32)]) -> String {
+        backends[rank(key, backends)[0]].0.clone()
+    }
+
+    const PINNED_HASH: u64 = 13732478783610186787;
+    const PINNED_RANK: [usize; 4] = [0, 3, 1, 2];
+
+    #[test]
+    fn the_hash_is_a_fixed_function() {
+        // Pinned values: if these change, every deployed key moves.
+        assert_eq!(pair_hash(b"session-1", "127.0.0.1:8000"), PINNED_HASH);
+        assert_eq!(rank(b"session-1", &addrs(4)), PINNED_RANK);
+    }
+
+    #[test]
+    fn spread_is_even_within_ten_percent() {
+        let backends = addrs(4);
+        let mut counts: HashMap<String, usize> = HashMap::new();
+        for k in 0..10_000 {
+            *counts
+                .entry(owner(format!("key-{k}").as_bytes(), &backends))
+                .or_default() += 1;
+        }
+        for (addr, c) in counts {
+            assert!((2250..=2750).contains(&c), "{addr} got {c} of 10000");
+        }
+    }
+
+    #[test]
+    fn adding_a_backend_moves_only_keys_to_it() {
+        let four = addrs(4);
+        let five = addrs(5);
+        let mut moved = 0;
+        for k in 0..10_000 {
+            let key = format!("key-{k}");
+            let before = owner(key.as_bytes(), &four);
+            let after = owner(key.as_bytes(), &five);
+            if before != after {
+                assert_eq!(after, five[4].0, "a key moved between old backends");
+                moved += 1;
+            }
+        }
+        // About a fifth of the keys move, all of them to the new backend.
+        assert!((1700..=2300).contains(&moved), "moved {moved}");
+    }
+
+    #[test]
+    fn removing_a_backend_moves_only_its_keys() {
+        let four = addrs(4);
+        let three: Vec<_> = four[..3].to_vec();
+        for k in 0..5_000 {
+            let key = format!("key-{k}");
+            let before = owner(key.as_bytes(), &four);
+            if before != four[3].0 {
+                assert_eq!(before, owner(key.as_bytes(), &three));
+            }
+        }
+    }
+
+    #[test]
+    fn fallback_is_the_next_highest_score() {
+        let four = addrs(4);
+        for k in 0..1000 {
+            let key = format!("key-{k}");
+            let order = rank(key.as_bytes(), &four);
+            // Without the owner, the owner's runner-up takes over.
+            let without: Vec<_> = four
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| *i != order[0])
+                .map(|(_, b)| b.clone())
+                .collect();
+            assert_eq!(owner(key.as_bytes(), &without), four[order[1]].0);
+        }
+    }
+
+    #[test]
+    fn weights_shift_the_share() {
+        let mut backends = addrs(2);
+        backends[1].1 = 3;
+        let heavy = (0..10_000)
+            .filter(|k| owner(format!("key-{k}").as_bytes(), &backends) == backends[1].0)
+            .count();
+        // Weighted HRW gives weight share 3/4.
+        assert!((7100..=7900).contains(&heavy), "heavy got {heavy}");
+    }
+
+    #[test]
+    fn round_robin_cycles_through_every_backend() {
+        let set: BTreeSet<Backend> = (1..=3)
+            .map(|i| Backend::new(&format!("10.0.0.{i}:8000")).unwrap())
+            .collect();
+        let sel = Arc::new(CacheAffinity::build(&set));
+        let firsts: Vec<String> = (0..6)
+            .map(|_| sel.iter(b"").next().unwrap().addr.to_string())
+            .collect();
+        assert_eq!(firsts[..3], firsts[3..]);
+        let distinct: BTreeSet<_> = firsts.iter().collect();
+        assert_eq!(distinct.len(), 3);
+    }
+}

@@ -1,0 +1,203 @@
+//! A fake vLLM backend on 127.0.0.1: records what it receives, answers as
+//! told (JSON, an SSE stream with gaps, after a delay), and can be stopped
+//! and restarted on the same port to simulate a crash.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response};
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+
+type Body = http_body_util::combinators::BoxBody<Bytes, Infallible>;
+
+/// One request as the backend saw it.
+#[derive(Clone, Debug)]
+pub struct Seen {
+    pub path: String,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+/// How the backend answers.
+#[derive(Clone, Debug)]
+pub enum Reply {
+    /// `{"backend": <addr>, "model": <model of the body>}`.
+    Echo,
+    /// Server-sent events, one per string, `gap` apart, then `data: [DONE]`.
+    Sse { events: Vec<String>, gap: Duration },
+}
+
+struct State {
+    addr: SocketAddr,
+    seen: Mutex<Vec<Seen>>,
+    reply: Mutex<Reply>,
+    delay: Mutex<Duration>,
+    inflight: AtomicUsize,
+    max_inflight: AtomicUsize,
+    /// When each SSE event was written, for streaming assertions.
+    sent_at: Mutex<Vec<Instant>>,
+}
+
+pub struct FakeBackend {
+    pub addr: SocketAddr,
+    state: Arc<State>,
+    tasks: Option<JoinSet<()>>,
+}
+
+impl FakeBackend {
+    pub async fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let state = Arc::new(State {
+            addr,
+            seen: Mutex::default(),
+            reply: Mutex::new(Reply::Echo),
+            delay: Mutex::default(),
+            inflight: AtomicUsize::new(0),
+            max_inflight: AtomicUsize::new(0),
+            sent_at: Mutex::default(),
+        });
+        let mut backend = FakeBackend {
+            addr,
+            state,
+            tasks: None,
+        };
+        backend.serve(listener);
+        backend
+    }
+
+    fn serve(&mut self, listener: TcpListener) {
+        let mut tasks = JoinSet::new();
+        let state = self.state.clone();
+        tasks.spawn(async move {
+            let mut conns = JoinSet::new();
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let state = state.clone();
+                conns.spawn(async move {
+                    let svc = service_fn(move |req| handle(state.clone(), req));
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        self.tasks = Some(tasks);
+    }
+
+    /// Crash: close the listener and every open connection.
+    pub fn stop(&mut self) {
+        self.tasks = None;
+    }
+
+    /// Come back on the same port.
+    pub async fn restart(&mut self) {
+        let listener = TcpListener::bind(self.addr).await.unwrap();
+        self.serve(listener);
+    }
+
+    pub fn set_reply(&self, reply: Reply) {
+        *self.state.reply.lock().unwrap() = reply;
+    }
+
+    pub fn set_delay(&self, delay: Duration) {
+        *self.state.delay.lock().unwrap() = delay;
+    }
+
+    pub fn seen(&self) -> Vec<Seen> {
+        self.state.seen.lock().unwrap().clone()
+    }
+
+    pub fn count(&self) -> usize {
+        self.state.seen.lock().unwrap().len()
+    }
+
+    pub fn inflight(&self) -> usize {
+        self.state.inflight.load(Ordering::SeqCst)
+    }
+
+    pub fn sent_at(&self) -> Vec<Instant> {
+        self.state.sent_at.lock().unwrap().clone()
+    }
+}
+
+/// Counts a request in flight until dropped (also when the client leaves).
+struct InFlight(Arc<State>);
+
+impl InFlight {
+    fn new(state: Arc<State>) -> Self {
+        let now = state.inflight.fetch_add(1, Ordering::SeqCst) + 1;
+        state.max_inflight.fetch_max(now, Ordering::SeqCst);
+        InFlight(state)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.inflight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
+    let guard = InFlight::new(state.clone());
+    let (parts, body) = req.into_parts();
+    let body = body
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    state.seen.lock().unwrap().push(Seen {
+        path: parts.uri.path().to_string(),
+        headers: parts.headers,
+        body: body.clone(),
+    });
+    let delay = *state.delay.lock().unwrap();
+    tokio::time::sleep(delay).await;
+    let reply = state.reply.lock().unwrap().clone();
+    let response = match reply {
+        Reply::Echo => {
+            let model = serde_json::from_slice::<serde_json::Value>(&body)
+                .ok()
+                .and_then(|v| v["model"].as_str().map(String::from));
+            let json = serde_json::json!({"backend": state.addr.to_string(), "model": model});
+            drop(guard);
+            Response::builder()
+                .header("content-type", "application/json")
+                .body(Full::new(Bytes::from(json.to_string())).boxed())
+                .unwrap()
+        }
+        Reply::Sse { events, gap } => {
+            let mut chunks: Vec<String> = events.iter().map(|e| format!("data: {e}\n\n")).collect();
+            chunks.push("data: [DONE]\n\n".into());
+            // The in-flight guard lives as long as the stream does.
+            let frames = futures::stream::unfold(
+                (chunks.into_iter().enumerate(), state.clone(), guard),
+                move |(mut it, state, guard)| async move {
+                    let (i, chunk) = it.next()?;
+                    if i > 0 {
+                        tokio::time::sleep(gap).await;
+                    }
+                    state.sent_at.lock().unwrap().push(Instant::now());
+                    let frame = Ok::<_, Infallible>(Frame::data(Bytes::from(chunk)));
+                    Some((frame, (it, state, guard)))
+                },
+            );
+            Response::builder()
+                .header("content-type", "text/event-stream")
+                .body(BodyExt::boxed(StreamBody::new(frames)))
+                .unwrap()
+        }
+    };
+    Ok(response)
+}

@@ -1,0 +1,9 @@
+//! Integration tests: the real binary on loopback against fake backends.
+
+mod support;
+
+mod bodies;
+mod config_check;
+mod failover;
+mod routing;
+mod streaming;
