@@ -23,6 +23,10 @@ pub enum ApiError {
         model: String,
         retry_after: Duration,
     },
+    #[error("every slot and queue place for model `{model}` is taken")]
+    QueueFull { model: String },
+    #[error("no slot for model `{model}` came free within the queue timeout")]
+    QueueTimeout { model: String },
     #[error("the backend could not be reached: {0}")]
     BadGateway(String),
     #[error("the backend did not answer in time")]
@@ -35,7 +39,9 @@ impl ApiError {
             ApiError::BadRequest(_) => 400,
             ApiError::TooLarge { .. } | ApiError::ChunkedTooLarge { .. } => 413,
             ApiError::UnknownModel(_) | ApiError::NotFound { .. } => 404,
-            ApiError::NoBackend { .. } => 503,
+            ApiError::NoBackend { .. }
+            | ApiError::QueueFull { .. }
+            | ApiError::QueueTimeout { .. } => 503,
             ApiError::BadGateway(_) => 502,
             ApiError::GatewayTimeout => 504,
         }
@@ -51,6 +57,8 @@ impl ApiError {
             ApiError::UnknownModel(_) => ("invalid_request_error", "model_not_found"),
             ApiError::NotFound { .. } => ("invalid_request_error", "not_found"),
             ApiError::NoBackend { .. } => ("server_error", "no_backend"),
+            ApiError::QueueFull { .. } => ("server_error", "queue_full"),
+            ApiError::QueueTimeout { .. } => ("server_error", "queue_timeout"),
             ApiError::BadGateway(_) => ("server_error", "bad_gateway"),
             ApiError::GatewayTimeout => ("server_error", "gateway_timeout"),
         }
@@ -63,6 +71,8 @@ impl ApiError {
             ApiError::NoBackend { retry_after, .. } => {
                 Some(retry_after.as_millis().div_ceil(1000).max(1) as u64)
             }
+            // A slot usually frees within a generation's time.
+            ApiError::QueueFull { .. } | ApiError::QueueTimeout { .. } => Some(1),
             _ => None,
         }
     }

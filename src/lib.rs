@@ -3,9 +3,11 @@
 //! on the same GPU so its prefix KV cache is reused.
 #![forbid(unsafe_code)]
 
+pub mod admission;
 pub mod body;
 pub mod config;
 pub mod errors;
+pub mod metrics;
 pub mod pool;
 pub mod proxy;
 pub mod selection;

@@ -1,5 +1,5 @@
 //! One model's backends: a Pingora `LoadBalancer` over [`CacheAffinity`],
-//! plus the failure exclusion window (CAG-3 AC4).
+//! the failure exclusion window (CAG-3 AC4) and each backend's admission.
 //!
 //! A backend that failed is left out of routing for the window; requests go
 //! to the next backend in their ranking meanwhile. Exclusion is lock-free:
@@ -8,13 +8,16 @@
 use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 use pingora::lb::discovery::Static;
 use pingora::lb::{Backend, Backends, LoadBalancer};
 
+use crate::admission::Admission;
 use crate::config::ModelConfig;
+use crate::metrics;
 use crate::selection::CacheAffinity;
 
 /// Why a backend was chosen: shown to clients as `X-Poimen-Route`.
@@ -26,6 +29,8 @@ pub enum Route {
     RoundRobin,
     /// The preferred backend was excluded or failed: the next in rank.
     Fallback,
+    /// The preferred backend's queue was full (`overflow: spill`).
+    Spill,
 }
 
 impl Route {
@@ -34,6 +39,7 @@ impl Route {
             Route::Hash => "hash",
             Route::RoundRobin => "round_robin",
             Route::Fallback => "fallback",
+            Route::Spill => "spill",
         }
     }
 }
@@ -51,6 +57,7 @@ pub struct ModelPool {
     addrs: Vec<SocketAddr>,
     /// Deadline per backend, in ms since `epoch`; 0 when not excluded.
     excluded_until: HashMap<SocketAddr, AtomicU64>,
+    admissions: HashMap<SocketAddr, Arc<Admission>>,
     epoch: Instant,
     window: Duration,
 }
@@ -70,41 +77,71 @@ impl ModelPool {
             .expect("static discovery is immediate")
             .expect("static discovery cannot fail");
         let addrs: Vec<SocketAddr> = model.backends.iter().map(|b| b.addr).collect();
+        let admissions = addrs
+            .iter()
+            .map(|a| {
+                let (name, backend) = (&model.name, a.to_string());
+                metrics::init_backend(name, &backend);
+                let gauges = metrics::admission_gauges(name, &backend);
+                (*a, Admission::new(model.limits, gauges))
+            })
+            .collect();
         ModelPool {
             name: model.name.clone(),
             lb,
             excluded_until: addrs.iter().map(|a| (*a, AtomicU64::new(0))).collect(),
+            admissions,
             addrs,
             epoch: Instant::now(),
             window,
         }
     }
 
-    /// The backend for a request with cache key `key` (empty: none), not
-    /// excluded and not in `skip` (backends this request already failed on).
-    /// `Err` carries the time until the earliest excluded backend returns.
-    pub fn pick(&self, key: &[u8], skip: &[SocketAddr], now: Instant) -> Result<Pick, Duration> {
-        // `select_with` takes an `Fn`: count the passed-over backends in a Cell.
-        let passed = std::cell::Cell::new(0usize);
-        let chosen = self.lb.select_with(key, self.addrs.len(), |b, healthy| {
-            let ok = healthy
-                && b.as_inet()
-                    .is_some_and(|a| !skip.contains(a) && !self.is_excluded(a, now));
-            if !ok {
-                passed.set(passed.get() + 1);
+    /// The usable backends for a request with cache key `key` (empty: none),
+    /// best first: not excluded, not in `skip` (backends this request already
+    /// failed on). `Err` carries the time until the earliest excluded backend
+    /// returns.
+    pub fn ranked(
+        &self,
+        key: &[u8],
+        skip: &[SocketAddr],
+        now: Instant,
+    ) -> Result<Vec<Pick>, Duration> {
+        // `select_with` takes an `Fn` and stops at the first accepted backend:
+        // collect every usable one in a RefCell and accept none.
+        let usable = std::cell::RefCell::new(Vec::with_capacity(self.addrs.len()));
+        let passed_over = std::cell::Cell::new(0usize);
+        self.lb.select_with(key, self.addrs.len(), |b, healthy| {
+            match b.as_inet() {
+                Some(a) if healthy && !skip.contains(a) && !self.is_excluded(a, now) => {
+                    usable.borrow_mut().push((*a, passed_over.get()));
+                }
+                _ => passed_over.set(passed_over.get() + 1),
             }
-            ok
+            false
         });
-        let Some(backend) = chosen else {
+        let usable = usable.into_inner();
+        if usable.is_empty() {
             return Err(self.retry_after(now));
-        };
-        let addr = *backend.as_inet().expect("pools hold inet backends");
-        let route = match (key.is_empty(), passed.get() == 0 && skip.is_empty()) {
-            (_, false) => Route::Fallback,
-            (true, true) => Route::RoundRobin,
-            (false, true) => Route::Hash,
-        };
-        Ok(Pick { addr, route })
+        }
+        Ok(usable
+            .into_iter()
+            .enumerate()
+            .map(|(i, (addr, passed))| {
+                let preferred = i == 0 && passed == 0 && skip.is_empty();
+                let route = match (preferred, key.is_empty()) {
+                    (false, _) => Route::Fallback,
+                    (true, true) => Route::RoundRobin,
+                    (true, false) => Route::Hash,
+                };
+                Pick { addr, route }
+            })
+            .collect())
+    }
+
+    /// The admission of one of this pool's backends.
+    pub fn admission(&self, addr: &SocketAddr) -> &Arc<Admission> {
+        &self.admissions[addr]
     }
 
     /// Leave `addr` out of routing for the exclusion window from `now`.
@@ -154,6 +191,15 @@ mod tests {
     use super::*;
     use crate::config::BackendConfig;
 
+    fn best(
+        p: &ModelPool,
+        key: &[u8],
+        skip: &[SocketAddr],
+        now: Instant,
+    ) -> Result<Pick, Duration> {
+        p.ranked(key, skip, now).map(|r| r[0].clone())
+    }
+
     fn pool(n: u16) -> ModelPool {
         let model = ModelConfig {
             name: "m".into(),
@@ -163,6 +209,10 @@ mod tests {
                     weight: 1,
                 })
                 .collect(),
+            limits: crate::admission::Limits {
+                max_num_seqs: 4,
+                max_queue_depth: 20,
+            },
         };
         ModelPool::new(&model, Duration::from_secs(30))
     }
@@ -171,10 +221,10 @@ mod tests {
     fn keyed_picks_are_stable_and_hash_routed() {
         let p = pool(4);
         let now = Instant::now();
-        let a = p.pick(b"k1", &[], now).unwrap();
+        let a = best(&p, b"k1", &[], now).unwrap();
         assert_eq!(a.route, Route::Hash);
         for _ in 0..10 {
-            assert_eq!(p.pick(b"k1", &[], now).unwrap().addr, a.addr);
+            assert_eq!(best(&p, b"k1", &[], now).unwrap().addr, a.addr);
         }
     }
 
@@ -182,16 +232,16 @@ mod tests {
     fn excluded_backend_falls_back_then_returns_after_the_window() {
         let p = pool(4);
         let now = Instant::now();
-        let first = p.pick(b"k1", &[], now).unwrap().addr;
+        let first = best(&p, b"k1", &[], now).unwrap().addr;
         assert!(p.exclude(first, now));
         assert!(!p.exclude(first, now), "already excluded");
-        let fb = p.pick(b"k1", &[], now).unwrap();
+        let fb = best(&p, b"k1", &[], now).unwrap();
         assert_ne!(fb.addr, first);
         assert_eq!(fb.route, Route::Fallback);
         // Still out just before the window ends, back right after.
         assert!(p.is_excluded(&first, now + Duration::from_millis(29_900)));
         let later = now + Duration::from_secs(31);
-        assert_eq!(p.pick(b"k1", &[], later).unwrap().addr, first);
+        assert_eq!(best(&p, b"k1", &[], later).unwrap().addr, first);
     }
 
     #[test]
@@ -200,7 +250,7 @@ mod tests {
         let now = Instant::now();
         p.exclude(p.addrs()[0], now);
         p.exclude(p.addrs()[1], now + Duration::from_secs(10));
-        let wait = p.pick(b"", &[], now + Duration::from_secs(10)).unwrap_err();
+        let wait = best(&p, b"", &[], now + Duration::from_secs(10)).unwrap_err();
         assert!(wait <= Duration::from_secs(20) && wait > Duration::from_secs(19));
     }
 
@@ -208,12 +258,23 @@ mod tests {
     fn skip_list_moves_a_retry_to_the_next_rank() {
         let p = pool(3);
         let now = Instant::now();
-        let first = p.pick(b"k", &[], now).unwrap().addr;
-        let second = p.pick(b"k", &[first], now).unwrap();
+        let first = best(&p, b"k", &[], now).unwrap().addr;
+        let second = best(&p, b"k", &[first], now).unwrap();
         assert_ne!(second.addr, first);
         assert_eq!(second.route, Route::Fallback);
-        let third = p.pick(b"k", &[first, second.addr], now).unwrap().addr;
-        assert!(p.pick(b"k", &[first, second.addr, third], now).is_err());
+        let third = best(&p, b"k", &[first, second.addr], now).unwrap().addr;
+        assert!(best(&p, b"k", &[first, second.addr, third], now).is_err());
+        // The full ranking lists the runner-ups as fallbacks.
+        let all = p.ranked(b"k", &[], now).unwrap();
+        let order: Vec<_> = all.iter().map(|p| (p.addr, p.route)).collect();
+        assert_eq!(
+            order,
+            [
+                (first, Route::Hash),
+                (second.addr, Route::Fallback),
+                (third, Route::Fallback)
+            ]
+        );
     }
 
     #[test]
@@ -222,7 +283,7 @@ mod tests {
         let now = Instant::now();
         let mut counts: HashMap<SocketAddr, usize> = HashMap::new();
         for _ in 0..300 {
-            let pick = p.pick(b"", &[], now).unwrap();
+            let pick = best(&p, b"", &[], now).unwrap();
             assert_eq!(pick.route, Route::RoundRobin);
             *counts.entry(pick.addr).or_default() += 1;
         }

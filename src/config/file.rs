@@ -25,7 +25,70 @@ pub struct GatewayFile {
     /// TCP connect timeout to a backend. Default 2000.
     #[serde(default = "default_connect_timeout_ms")]
     pub connect_timeout_ms: u64,
+    #[serde(default)]
+    pub scheduler: SchedulerFile,
+    #[serde(default)]
+    pub warmup: WarmupFile,
     pub models: Vec<ModelFile>,
+}
+
+/// Per-backend admission (CAG-2). The environment overrides these.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SchedulerFile {
+    /// Requests in flight per backend: vLLM's `--max-num-seqs`. Default 4.
+    #[serde(default = "default_max_num_seqs")]
+    pub max_num_seqs: u64,
+    /// Requests waiting per backend; one more gets 503. Default 20.
+    #[serde(default = "default_max_queue_depth")]
+    pub max_queue_depth: u64,
+    /// Longest wait for a slot before 503. Default 60000.
+    #[serde(default = "default_queue_timeout_ms")]
+    pub queue_timeout_ms: u64,
+    /// `reject` (503 when the backend's queue is full) or `spill` (try the
+    /// next backend in the key's ranking). Default reject.
+    #[serde(default)]
+    pub overflow: Overflow,
+}
+
+impl Default for SchedulerFile {
+    fn default() -> Self {
+        SchedulerFile {
+            max_num_seqs: default_max_num_seqs(),
+            max_queue_depth: default_max_queue_depth(),
+            queue_timeout_ms: default_queue_timeout_ms(),
+            overflow: Overflow::default(),
+        }
+    }
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Overflow {
+    #[default]
+    Reject,
+    Spill,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WarmupFile {
+    /// Sleep before a warmup competes for a slot. Default 500.
+    #[serde(default = "default_warmup_delay_ms")]
+    pub delay_ms: u64,
+    /// Also send `X-Vllm-Priority: N` on warmups (vLLM's priority
+    /// scheduler: lower runs first). Default none.
+    #[serde(default)]
+    pub vllm_priority: Option<i64>,
+}
+
+impl Default for WarmupFile {
+    fn default() -> Self {
+        WarmupFile {
+            delay_ms: default_warmup_delay_ms(),
+            vllm_priority: None,
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -43,6 +106,10 @@ pub struct ModelFile {
     pub address: Option<String>,
     /// Several backends, each a string or `{address, weight}`.
     pub addresses: Option<Vec<AddressFile>>,
+    /// Overrides `scheduler.max_num_seqs` for this model's backends.
+    pub max_num_seqs: Option<u64>,
+    /// Overrides `scheduler.max_queue_depth` for this model's backends.
+    pub max_queue_depth: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -78,4 +145,16 @@ fn default_connect_timeout_ms() -> u64 {
 }
 fn default_weight() -> u64 {
     1
+}
+fn default_max_num_seqs() -> u64 {
+    4
+}
+fn default_max_queue_depth() -> u64 {
+    20
+}
+fn default_queue_timeout_ms() -> u64 {
+    60_000
+}
+fn default_warmup_delay_ms() -> u64 {
+    500
 }

@@ -15,6 +15,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::admission::Limits;
+pub use file::Overflow;
 use file::{AddressFile, GatewayFile, ModelFile, OneOrMany};
 
 /// The validated gateway configuration.
@@ -25,13 +27,24 @@ pub struct GatewayConfig {
     pub failure_exclusion: Duration,
     pub max_request_body_bytes: usize,
     pub connect_timeout: Duration,
+    pub queue_timeout: Duration,
+    pub overflow: Overflow,
+    pub warmup: WarmupConfig,
     pub models: Vec<ModelConfig>,
+}
+
+#[derive(Debug, Clone)]
+pub struct WarmupConfig {
+    pub delay: Duration,
+    pub vllm_priority: Option<i64>,
 }
 
 #[derive(Debug, Clone)]
 pub struct ModelConfig {
     pub name: String,
     pub backends: Vec<BackendConfig>,
+    /// Admission limits of each of this model's backends.
+    pub limits: Limits,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -63,6 +76,35 @@ const MAX_BODY_BYTES: u64 = 1 << 30;
 const MAX_CONNECT_TIMEOUT_MS: u64 = 60_000;
 const MAX_WEIGHT: u64 = 1000;
 const MAX_BACKENDS_PER_MODEL: usize = 256;
+const MAX_NUM_SEQS: u64 = 4096;
+const MAX_QUEUE_DEPTH: u64 = 100_000;
+const MAX_QUEUE_TIMEOUT_MS: u64 = 3_600_000;
+const MAX_WARMUP_DELAY_MS: u64 = 60_000;
+
+type Field = fn(&mut GatewayFile) -> &mut u64;
+
+/// Environment variables that override the file (CAG-2), with the field
+/// each replaces and its range.
+const ENV_OVERRIDES: [(&str, Field, u64, u64); 3] = [
+    (
+        "VLLM_MAX_NUM_SEQS",
+        |g| &mut g.scheduler.max_num_seqs,
+        1,
+        MAX_NUM_SEQS,
+    ),
+    (
+        "VLLM_MAX_QUEUE_DEPTH",
+        |g| &mut g.scheduler.max_queue_depth,
+        0,
+        MAX_QUEUE_DEPTH,
+    ),
+    (
+        "WARMUP_DELAY_MS",
+        |g| &mut g.warmup.delay_ms,
+        0,
+        MAX_WARMUP_DELAY_MS,
+    ),
+];
 
 /// The whole file: Pingora's keys are read by Pingora, we only take `gateway`.
 #[derive(Deserialize)]
@@ -71,15 +113,25 @@ struct Document {
 }
 
 impl GatewayConfig {
+    /// Load a file, with the process environment's overrides.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.display().to_string(),
             source,
         })?;
-        Self::from_yaml(&text)
+        Self::from_yaml_with_env(&text, |var| std::env::var(var).ok())
     }
 
+    /// Parse without environment overrides.
     pub fn from_yaml(text: &str) -> Result<Self, ConfigError> {
+        Self::from_yaml_with_env(text, |_| None)
+    }
+
+    /// Parse, letting `env` (a variable lookup) override the file.
+    pub fn from_yaml_with_env(
+        text: &str,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
         let doc: Document = serde_yaml::from_str(text).map_err(|e| {
             // serde_yaml names the path below the root; prefix ours.
             let msg = e.to_string();
@@ -89,9 +141,18 @@ impl GatewayConfig {
                 format!("gateway: {msg}")
             })
         })?;
-        let gateway = doc
+        let mut gateway = doc
             .gateway
             .ok_or_else(|| invalid("gateway", "(missing)", "the gateway section is required"))?;
+        for (var, field, lo, hi) in ENV_OVERRIDES {
+            let Some(text) = env(var) else { continue };
+            let value = text
+                .trim()
+                .parse::<u64>()
+                .map_err(|_| invalid(var, &text, "not a whole number"))?;
+            let value = in_range(var, value, lo, hi)?;
+            *field(&mut gateway) = value;
+        }
         validate(gateway)
     }
 
@@ -173,6 +234,34 @@ fn validate(file: GatewayFile) -> Result<GatewayConfig, ConfigError> {
         MAX_CONNECT_TIMEOUT_MS,
     )?;
 
+    let sched = &file.scheduler;
+    let default_limits = Limits {
+        max_num_seqs: in_range(
+            "gateway.scheduler.max_num_seqs",
+            sched.max_num_seqs,
+            1,
+            MAX_NUM_SEQS,
+        )? as usize,
+        max_queue_depth: in_range(
+            "gateway.scheduler.max_queue_depth",
+            sched.max_queue_depth,
+            0,
+            MAX_QUEUE_DEPTH,
+        )? as usize,
+    };
+    let queue_timeout = in_range(
+        "gateway.scheduler.queue_timeout_ms",
+        sched.queue_timeout_ms,
+        1,
+        MAX_QUEUE_TIMEOUT_MS,
+    )?;
+    let warmup_delay = in_range(
+        "gateway.warmup.delay_ms",
+        file.warmup.delay_ms,
+        0,
+        MAX_WARMUP_DELAY_MS,
+    )?;
+
     if file.models.is_empty() {
         return Err(invalid("gateway.models", "[]", "needs at least one model"));
     }
@@ -180,7 +269,7 @@ fn validate(file: GatewayFile) -> Result<GatewayConfig, ConfigError> {
     let mut models = Vec::new();
     for (i, m) in file.models.into_iter().enumerate() {
         let path = format!("gateway.models[{i}]");
-        let model = validate_model(&path, m)?;
+        let model = validate_model(&path, m, default_limits)?;
         if !names.insert(model.name.clone()) {
             return Err(invalid(
                 format!("{path}.name"),
@@ -197,11 +286,17 @@ fn validate(file: GatewayFile) -> Result<GatewayConfig, ConfigError> {
         failure_exclusion: Duration::from_secs(exclusion),
         max_request_body_bytes: body as usize,
         connect_timeout: Duration::from_millis(connect),
+        queue_timeout: Duration::from_millis(queue_timeout),
+        overflow: sched.overflow,
+        warmup: WarmupConfig {
+            delay: Duration::from_millis(warmup_delay),
+            vllm_priority: file.warmup.vllm_priority,
+        },
         models,
     })
 }
 
-fn validate_model(path: &str, m: ModelFile) -> Result<ModelConfig, ConfigError> {
+fn validate_model(path: &str, m: ModelFile, defaults: Limits) -> Result<ModelConfig, ConfigError> {
     if m.name.trim().is_empty() || m.name.chars().any(char::is_control) {
         return Err(invalid(
             format!("{path}.name"),
@@ -248,9 +343,22 @@ fn validate_model(path: &str, m: ModelFile) -> Result<ModelConfig, ConfigError> 
         let weight = in_range(&format!("{at}.weight"), *weight, 1, MAX_WEIGHT)? as u32;
         backends.push(BackendConfig { addr, weight });
     }
+    let limits = Limits {
+        max_num_seqs: match m.max_num_seqs {
+            Some(n) => in_range(&format!("{path}.max_num_seqs"), n, 1, MAX_NUM_SEQS)? as usize,
+            None => defaults.max_num_seqs,
+        },
+        max_queue_depth: match m.max_queue_depth {
+            Some(n) => {
+                in_range(&format!("{path}.max_queue_depth"), n, 0, MAX_QUEUE_DEPTH)? as usize
+            }
+            None => defaults.max_queue_depth,
+        },
+    };
     Ok(ModelConfig {
         name: m.name,
         backends,
+        limits,
     })
 }
 

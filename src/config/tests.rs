@@ -114,3 +114,93 @@ fn errors_name_the_field_and_value() {
         );
     }
 }
+
+const MINIMAL: &str = "gateway:\n  models: [{name: m, address: \"127.0.0.1:1\"}, {name: n, address: \"127.0.0.1:2\", max_num_seqs: 8, max_queue_depth: 0}]\n";
+
+#[test]
+fn scheduler_and_warmup_defaults_and_per_model_limits() {
+    let c = GatewayConfig::from_yaml(MINIMAL).unwrap();
+    assert_eq!(c.models[0].limits.max_num_seqs, 4);
+    assert_eq!(c.models[0].limits.max_queue_depth, 20);
+    assert_eq!(c.models[1].limits.max_num_seqs, 8);
+    assert_eq!(c.models[1].limits.max_queue_depth, 0);
+    assert_eq!(c.queue_timeout, Duration::from_secs(60));
+    assert_eq!(c.overflow, Overflow::Reject);
+    assert_eq!(c.warmup.delay, Duration::from_millis(500));
+    assert_eq!(c.warmup.vllm_priority, None);
+}
+
+#[test]
+fn environment_overrides_the_file_defaults() {
+    let env = |var: &str| match var {
+        "VLLM_MAX_NUM_SEQS" => Some("2".to_string()),
+        "VLLM_MAX_QUEUE_DEPTH" => Some("7".to_string()),
+        "WARMUP_DELAY_MS" => Some("0".to_string()),
+        _ => None,
+    };
+    let yaml = format!("{MINIMAL}  scheduler: {{max_num_seqs: 16, overflow: spill}}\n  warmup: {{delay_ms: 900, vllm_priority: 10}}\n");
+    let c = GatewayConfig::from_yaml_with_env(&yaml, env).unwrap();
+    assert_eq!(c.models[0].limits.max_num_seqs, 2);
+    assert_eq!(c.models[0].limits.max_queue_depth, 7);
+    // A model's own setting still applies to that model.
+    assert_eq!(c.models[1].limits.max_num_seqs, 8);
+    assert_eq!(c.warmup.delay, Duration::ZERO);
+    assert_eq!(c.warmup.vllm_priority, Some(10));
+    assert_eq!(c.overflow, Overflow::Spill);
+}
+
+#[test]
+fn bad_environment_values_name_the_variable() {
+    let check = |var: &'static str, value: &'static str, want: &str| {
+        let env = move |v: &str| (v == var).then(|| value.to_string());
+        let got = GatewayConfig::from_yaml_with_env(MINIMAL, env)
+            .unwrap_err()
+            .to_string();
+        assert!(got.contains(want), "got {got}, want {want}");
+    };
+    check(
+        "VLLM_MAX_NUM_SEQS",
+        "four",
+        "VLLM_MAX_NUM_SEQS = \"four\": not a whole number",
+    );
+    check(
+        "VLLM_MAX_NUM_SEQS",
+        "0",
+        "VLLM_MAX_NUM_SEQS = 0: must be between 1 and 4096",
+    );
+    check(
+        "VLLM_MAX_QUEUE_DEPTH",
+        "-1",
+        "VLLM_MAX_QUEUE_DEPTH = \"-1\": not a whole number",
+    );
+    check(
+        "WARMUP_DELAY_MS",
+        "1e3",
+        "WARMUP_DELAY_MS = \"1e3\": not a whole number",
+    );
+}
+
+#[test]
+fn bad_scheduler_fields_are_named() {
+    for (extra, want) in [
+        (
+            "  scheduler: {max_num_seqs: 0}\n",
+            "gateway.scheduler.max_num_seqs = 0",
+        ),
+        ("  scheduler: {overflow: drop}\n", "unknown variant `drop`"),
+        (
+            "  scheduler: {queue_timeout_ms: 0}\n",
+            "gateway.scheduler.queue_timeout_ms = 0",
+        ),
+        (
+            "  warmup: {delay_ms: 600000}\n",
+            "gateway.warmup.delay_ms = 600000",
+        ),
+        ("  warmup: {priority: 1}\n", "unknown field `priority`"),
+    ] {
+        let got = err(&format!("{MINIMAL}{extra}"));
+        assert!(got.contains(want), "got {got}, want {want}");
+    }
+    let got = err("gateway:\n  models: [{name: m, address: \"127.0.0.1:1\", max_num_seqs: 0}]\n");
+    assert!(got.contains("gateway.models[0].max_num_seqs = 0"), "{got}");
+}

@@ -12,21 +12,15 @@
 use bytes::{Bytes, BytesMut};
 use pingora::proxy::Session;
 
+use super::respond::Stop;
 use crate::errors::ApiError;
 
 /// Pingora's retry buffer size (`BODY_BUF_LIMIT` in pingora-core).
 const RETRY_BUFFER_BYTES: usize = 64 * 1024;
 
-#[derive(Debug)]
-pub enum ReadError {
-    Api(ApiError),
-    /// The client went away or stalled: no response is owed.
-    Downstream(Box<pingora::Error>),
-}
-
 /// Read the whole request body, at most `limit` bytes.
-pub async fn read_whole(session: &mut Session, limit: usize) -> Result<Bytes, ReadError> {
-    let too_large = || ReadError::Api(ApiError::TooLarge { limit });
+pub async fn read_whole(session: &mut Session, limit: usize) -> Result<Bytes, Stop> {
+    let too_large = || Stop::Answer(ApiError::TooLarge { limit });
     let declared = match session
         .req_header()
         .headers
@@ -37,7 +31,7 @@ pub async fn read_whole(session: &mut Session, limit: usize) -> Result<Bytes, Re
                 .ok()
                 .and_then(|s| s.trim().parse::<usize>().ok())
                 .ok_or_else(|| {
-                    ReadError::Api(ApiError::BadRequest("invalid Content-Length".into()))
+                    Stop::Answer(ApiError::BadRequest("invalid Content-Length".into()))
                 })?,
         ),
         None => None,
@@ -61,11 +55,11 @@ pub async fn read_whole(session: &mut Session, limit: usize) -> Result<Bytes, Re
                 buf.extend_from_slice(&chunk);
             }
             Ok(None) => break,
-            Err(e) => return Err(ReadError::Downstream(e)),
+            Err(e) => return Err(Stop::ClientGone(e)),
         }
     }
     if declared.is_none() && session.as_ref().retry_buffer_truncated() {
-        return Err(ReadError::Api(ApiError::ChunkedTooLarge {
+        return Err(Stop::Answer(ApiError::ChunkedTooLarge {
             limit: RETRY_BUFFER_BYTES,
         }));
     }

@@ -1,22 +1,28 @@
 //! The Pingora glue: `Gateway` implements `ProxyHttp` and reads as a table of
 //! contents. Decisions are made by the plain modules (`body`, `pool`,
-//! `selection`); this file only wires them into Pingora's phases:
+//! `selection`, `admission`); this file wires them into Pingora's phases:
 //!
-//! - `request_filter`: answer local endpoints; read the body, find the model,
-//!   choose the backend; keep the decision in the CTX;
-//! - `upstream_peer`: return the chosen backend (on a retry: the next one);
+//! - `request_filter`: answer local endpoints; read the body and find the
+//!   model; delay a warmup; choose the backend and take a slot on it;
+//! - `upstream_peer`: return the chosen backend (on a retry: the next one,
+//!   and the slot moves with it);
+//! - `upstream_request_filter`: strip and add the gateway's headers;
 //! - `request_body_filter`: emit the body read in `request_filter`;
 //! - `fail_to_connect` / `error_while_proxy`: exclude a failed backend, retry;
 //! - `response_filter`: tell the client where the request went and why;
+//! - `upstream_response_body_filter`: free the slot when the response ends;
 //! - `fail_to_proxy`: answer errors in OpenAI's shape.
 
+mod admit;
 mod body_reader;
 mod endpoints;
+mod headers;
+mod respond;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -26,14 +32,14 @@ use pingora::prelude::*;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::ErrorType;
 
+use crate::admission::Permit;
 use crate::body::model_of;
 use crate::config::GatewayConfig;
-use crate::errors::{json_header, ApiError};
+use crate::errors::ApiError;
+use crate::metrics;
 use crate::pool::{ModelPool, Pick};
-use body_reader::ReadError;
 use endpoints::Endpoint;
-
-pub const CACHE_KEY_HEADER: &str = "x-poimen-cache-key";
+use respond::{respond, respond_json, Stop};
 
 pub struct Gateway {
     config: Arc<GatewayConfig>,
@@ -42,17 +48,20 @@ pub struct Gateway {
     started: u64,
 }
 
-/// What one request decided, carried across Pingora's phases.
+/// What one request decided, carried across Pingora's phases. Dropped by
+/// Pingora at the end of every request, which frees whatever it still holds.
 #[derive(Default)]
 pub struct RequestCtx {
     pool: Option<Arc<ModelPool>>,
     cache_key: Option<HeaderValue>,
+    warmup: bool,
     /// The body read in `request_filter`, re-emitted on every attempt.
     body: Option<Bytes>,
-    /// The backend chosen for the next attempt; taken by `upstream_peer`.
-    next: Option<Pick>,
-    /// The backend of the current attempt.
-    current: Option<Pick>,
+    /// The backend of the current (or next) attempt, and its slot.
+    pick: Option<Pick>,
+    permit: Option<Permit>,
+    /// `pick` was chosen and not yet handed to Pingora.
+    fresh: bool,
     /// Backends this request already failed on.
     tried: Vec<SocketAddr>,
     /// An error decided by the gateway, rendered by `fail_to_proxy`.
@@ -91,62 +100,49 @@ impl Gateway {
         self.config.models.iter().map(|m| &*self.pools[&m.name])
     }
 
-    /// Read the body, resolve the model and choose the first backend.
-    async fn route(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<(), ReadError> {
-        let api = ReadError::Api;
-        ctx.cache_key = cache_key(session.req_header()).map_err(api)?;
+    /// Read the body, resolve the model, delay a warmup, take a slot.
+    async fn prepare(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<(), Stop> {
+        ctx.cache_key = headers::cache_key(session.req_header())?;
+        ctx.warmup = headers::is_warmup(session.req_header());
         let body = body_reader::read_whole(session, self.config.max_request_body_bytes).await?;
-        let model = model_of(&body).map_err(|e| api(ApiError::BadRequest(e.to_string())))?;
+        let model = model_of(&body).map_err(|e| ApiError::BadRequest(e.to_string()))?;
         let pool = self
             .pools
             .get(model.as_ref())
-            .ok_or_else(|| api(ApiError::UnknownModel(model.to_string())))?
-            .clone();
-        let pick = pool
-            .pick(ctx.key(), &[], Instant::now())
-            .map_err(|retry_after| {
-                api(ApiError::NoBackend {
-                    model: pool.name.clone(),
-                    retry_after,
-                })
-            })?;
-        ctx.next = Some(pick);
-        ctx.pool = Some(pool);
+            .ok_or_else(|| ApiError::UnknownModel(model.to_string()))?;
+        ctx.pool = Some(pool.clone());
         ctx.body = Some(body);
+        if ctx.warmup {
+            self.warmup_delay(session).await?;
+        }
+        self.admit(session, ctx).await?;
+        ctx.fresh = true;
         Ok(())
     }
 
-    /// A backend failed before answering: leave it out for the window.
+    /// A backend failed before answering: count it, leave it out for the
+    /// window.
     fn exclude(&self, ctx: &RequestCtx, why: &Error) {
-        let (Some(pool), Some(pick)) = (&ctx.pool, &ctx.current) else {
+        let (Some(pool), Some(pick)) = (&ctx.pool, &ctx.pick) else {
             return;
         };
+        let backend = pick.addr.to_string();
+        metrics::BACKEND_FAILURES
+            .with_label_values(&[&pool.name, &backend])
+            .inc();
         if pool.exclude(pick.addr, Instant::now()) {
             warn!(
                 "{}",
                 serde_json::json!({
                     "event": "backend_excluded",
                     "model": pool.name,
-                    "backend": pick.addr.to_string(),
+                    "backend": backend,
                     "for_secs": self.config.failure_exclusion.as_secs(),
                     "error": why.etype().as_str(),
                 })
             );
         }
     }
-}
-
-/// The `X-Poimen-Cache-Key`, if present and non-empty. Two different values
-/// cannot both be honoured, so they are refused.
-fn cache_key(req: &RequestHeader) -> Result<Option<HeaderValue>, ApiError> {
-    let mut values = req.headers.get_all(CACHE_KEY_HEADER).iter();
-    let first = values.next().filter(|v| !v.is_empty()).cloned();
-    if values.any(|v| Some(v) != first.as_ref()) {
-        return Err(ApiError::BadRequest(
-            "X-Poimen-Cache-Key was given more than once with different values".into(),
-        ));
-    }
-    Ok(first)
 }
 
 /// Connection-level failures before a response: the backend is down or
@@ -165,22 +161,6 @@ fn backend_unreachable(e: &Error) -> bool {
             | ReadError
             | WriteError
     )
-}
-
-async fn respond(session: &mut Session, (header, body): (ResponseHeader, Bytes)) {
-    // A client that is gone cannot be answered; nothing else to do.
-    if session
-        .write_response_header(Box::new(header), false)
-        .await
-        .is_ok()
-    {
-        let _ = session.write_response_body(Some(body), true).await;
-    }
-}
-
-async fn respond_json(session: &mut Session, status: u16, value: serde_json::Value) {
-    let body = Bytes::from(value.to_string());
-    respond(session, (json_header(status, body.len()), body)).await;
 }
 
 #[async_trait]
@@ -214,46 +194,56 @@ impl ProxyHttp for Gateway {
                 return Ok(true);
             }
         }
-        match self.route(session, ctx).await {
+        match self.prepare(session, ctx).await {
             Ok(()) => Ok(false),
-            Err(ReadError::Api(e)) => {
+            Err(Stop::Answer(e)) => {
                 respond(session, e.response()).await;
                 Ok(true)
             }
-            Err(ReadError::Downstream(e)) => Err(e),
+            Err(Stop::ClientGone(e)) => Err(e),
         }
     }
 
     async fn upstream_peer(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         ctx: &mut RequestCtx,
     ) -> Result<Box<HttpPeer>> {
-        let pool = ctx
-            .pool
-            .clone()
-            .ok_or_else(|| Error::explain(ErrorType::InternalError, "no model chosen"))?;
-        let pick = match ctx.next.take() {
-            Some(pick) => pick,
-            None => match pool.pick(ctx.key(), &ctx.tried, Instant::now()) {
-                Ok(pick) => pick,
-                Err(retry_after) => {
-                    ctx.error = Some(ApiError::NoBackend {
-                        model: pool.name.clone(),
-                        retry_after,
-                    });
+        if !ctx.fresh {
+            // A retry: free the failed backend's slot, then take one on the
+            // next backend in the ranking.
+            ctx.permit = None;
+            match self.admit(session, ctx).await {
+                Ok(()) => {}
+                Err(Stop::ClientGone(e)) => return Err(e),
+                Err(Stop::Answer(e)) => {
+                    let status = e.status();
+                    ctx.error = Some(e);
                     return Err(Error::explain(
-                        ErrorType::HTTPStatus(503),
-                        "every backend of the model failed or is excluded",
+                        ErrorType::HTTPStatus(status),
+                        "no backend left to retry on",
                     ));
                 }
-            },
-        };
+            }
+        }
+        ctx.fresh = false;
+        let pick = ctx
+            .pick
+            .as_ref()
+            .ok_or_else(|| Error::explain(ErrorType::InternalError, "no backend chosen"))?;
         ctx.tried.push(pick.addr);
         let mut peer = HttpPeer::new(pick.addr, false, String::new());
         peer.options.connection_timeout = Some(self.config.connect_timeout);
-        ctx.current = Some(pick);
         Ok(Box::new(peer))
+    }
+
+    async fn upstream_request_filter(
+        &self,
+        _session: &mut Session,
+        upstream: &mut RequestHeader,
+        ctx: &mut RequestCtx,
+    ) -> Result<()> {
+        headers::rewrite_upstream(upstream, ctx.warmup, self.config.warmup.vllm_priority)
     }
 
     async fn request_body_filter(
@@ -302,8 +292,8 @@ impl ProxyHttp for Gateway {
             e.set_retry(false);
         } else if client_reused {
             // A pooled connection the backend had closed: not a failure of
-            // the backend; try it again on a fresh connection.
-            ctx.next = ctx.current.clone();
+            // the backend; try it again, same slot, on a fresh connection.
+            ctx.fresh = true;
             ctx.tried.pop();
             e.set_retry(true);
         } else {
@@ -329,11 +319,26 @@ impl ProxyHttp for Gateway {
         response: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
-        if let Some(pick) = &ctx.current {
+        if let Some(pick) = &ctx.pick {
             response.insert_header("X-Poimen-Backend", pick.addr.to_string())?;
             response.insert_header("X-Poimen-Route", pick.route.as_str())?;
         }
         Ok(())
+    }
+
+    fn upstream_response_body_filter(
+        &self,
+        _session: &mut Session,
+        _body: &mut Option<Bytes>,
+        end_of_stream: bool,
+        ctx: &mut RequestCtx,
+    ) -> Result<Option<Duration>> {
+        if end_of_stream {
+            // The backend is done with this sequence: its slot is free now,
+            // not after the client has read the last bytes.
+            ctx.permit = None;
+        }
+        Ok(None)
     }
 
     async fn fail_to_proxy(

@@ -127,6 +127,10 @@ impl FakeBackend {
         self.state.inflight.load(Ordering::SeqCst)
     }
 
+    pub fn max_inflight(&self) -> usize {
+        self.state.max_inflight.load(Ordering::SeqCst)
+    }
+
     pub fn sent_at(&self) -> Vec<Instant> {
         self.state.sent_at.lock().unwrap().clone()
     }

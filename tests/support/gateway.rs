@@ -43,12 +43,18 @@ pub fn one_model(name: &str, backends: &[SocketAddr]) -> String {
 
 /// Run `poimen-gateway -t -c <file with yaml>`.
 pub fn check_config(yaml: &str) -> Output {
+    check_config_env(yaml, &[])
+}
+
+/// Run `poimen-gateway -t -c <file with yaml>` with extra environment.
+pub fn check_config_env(yaml: &str, env: &[(&str, &str)]) -> Output {
     let dir = temp_dir();
     let path = dir.join("gateway.yaml");
     std::fs::write(&path, yaml).unwrap();
     Command::new(BIN)
         .args(["-t", "-c"])
         .arg(&path)
+        .envs(env.iter().copied())
         .output()
         .unwrap()
 }
@@ -120,6 +126,23 @@ impl Gateway {
 
     pub fn config_path(&self) -> PathBuf {
         self.dir.join("gateway.yaml")
+    }
+
+    /// The Prometheus text from the metrics listener.
+    pub async fn metrics_text(&self) -> String {
+        crate::support::client()
+            .get(format!("http://{}/metrics", self.metrics))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
+    /// One sample's value (0 when the series does not exist yet).
+    pub async fn metric(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        crate::support::metrics::sample(&self.metrics_text().await, name, labels).unwrap_or(0.0)
     }
 
     pub fn stderr(&self) -> String {

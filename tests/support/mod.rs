@@ -2,6 +2,7 @@
 
 pub mod backend;
 pub mod gateway;
+pub mod metrics;
 
 pub use backend::{FakeBackend, Reply};
 pub use gateway::Gateway;

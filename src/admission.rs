@@ -1,0 +1,223 @@
+//! Per-backend admission (CAG-2 AC3/AC4): at most `max_num_seqs` requests in
+//! flight upstream, at most `max_queue_depth` waiting, and nothing more: the
+//! next request is refused at once, so no task piles up.
+//!
+//! Waiters are served agent requests first, then warmups, first-in first-out
+//! within each class. Every resource is a guard: a [`Permit`] frees its slot
+//! when dropped (handing it straight to the next waiter), a [`Ticket`] leaves
+//! the queue when dropped, so cancellation (a client gone, a timeout, an
+//! error) cannot leak a slot or a place.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use prometheus::IntGauge;
+use tokio::sync::oneshot;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Class {
+    Agent,
+    Warmup,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum AdmitError {
+    #[error("every slot and queue place of the backend is taken")]
+    QueueFull,
+    #[error("waited longer than the queue timeout")]
+    QueueTimeout,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_num_seqs: usize,
+    pub max_queue_depth: usize,
+}
+
+/// Live counts, mirrored into the gauges on every change.
+pub struct Gauges {
+    pub inflight: IntGauge,
+    pub queued: IntGauge,
+}
+
+pub struct Admission {
+    limits: Limits,
+    state: Mutex<State>,
+    gauges: Gauges,
+}
+
+struct Waiter {
+    id: u64,
+    tx: oneshot::Sender<Permit>,
+}
+
+#[derive(Default)]
+struct State {
+    running: usize,
+    agents: VecDeque<Waiter>,
+    warmups: VecDeque<Waiter>,
+    next_id: u64,
+}
+
+impl State {
+    fn queued(&self) -> usize {
+        self.agents.len() + self.warmups.len()
+    }
+}
+
+impl Admission {
+    pub fn new(limits: Limits, gauges: Gauges) -> Arc<Self> {
+        Arc::new(Admission {
+            limits,
+            state: Mutex::default(),
+            gauges,
+        })
+    }
+
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// (in flight, queued) right now.
+    pub fn load(&self) -> (usize, usize) {
+        let st = self.lock();
+        (st.running, st.queued())
+    }
+
+    /// Take a slot if one is free, else a queue place if one is free, else
+    /// refuse. Never waits.
+    pub fn try_enter(self: &Arc<Self>, class: Class) -> Result<Ticket, AdmitError> {
+        let mut st = self.lock();
+        if st.running < self.limits.max_num_seqs && st.queued() == 0 {
+            st.running += 1;
+            self.publish(&st);
+            drop(st);
+            return Ok(Ticket::Ready(Permit::new(self)));
+        }
+        if st.queued() >= self.limits.max_queue_depth {
+            return Err(AdmitError::QueueFull);
+        }
+        let (tx, rx) = oneshot::channel();
+        let id = st.next_id;
+        st.next_id += 1;
+        let waiter = Waiter { id, tx };
+        match class {
+            Class::Agent => st.agents.push_back(waiter),
+            Class::Warmup => st.warmups.push_back(waiter),
+        }
+        self.publish(&st);
+        Ok(Ticket::Queued(Place {
+            admission: self.clone(),
+            id,
+            rx,
+        }))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // The state stays consistent even if a holder panicked: every
+        // critical section is a few plain field updates.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn publish(&self, st: &State) {
+        self.gauges.inflight.set(st.running as i64);
+        self.gauges.queued.set(st.queued() as i64);
+    }
+
+    /// A slot was freed: hand it to the next waiter, or give it back.
+    fn release(self: &Arc<Self>) {
+        let next = {
+            let mut st = self.lock();
+            let next = st.agents.pop_front().or_else(|| st.warmups.pop_front());
+            if next.is_none() {
+                st.running -= 1;
+            }
+            self.publish(&st);
+            next
+        };
+        // Outside the lock: if the waiter is gone, the returned permit is
+        // dropped here and releases again.
+        if let Some(w) = next {
+            let _ = w.tx.send(Permit::new(self));
+        }
+    }
+
+    /// Leave the queue; false if the place was already granted a slot.
+    fn leave(&self, id: u64) -> bool {
+        let mut st = self.lock();
+        let before = st.queued();
+        st.agents.retain(|w| w.id != id);
+        st.warmups.retain(|w| w.id != id);
+        let left = st.queued() < before;
+        self.publish(&st);
+        left
+    }
+}
+
+/// A slot in flight. Dropping it frees the slot.
+pub struct Permit {
+    admission: Arc<Admission>,
+}
+
+impl Permit {
+    fn new(admission: &Arc<Admission>) -> Self {
+        Permit {
+            admission: admission.clone(),
+        }
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        self.admission.release();
+    }
+}
+
+/// The outcome of [`Admission::try_enter`]: a slot now or a place in line.
+pub enum Ticket {
+    Ready(Permit),
+    Queued(Place),
+}
+
+/// A place in the queue. Dropping it leaves the queue.
+pub struct Place {
+    admission: Arc<Admission>,
+    id: u64,
+    rx: oneshot::Receiver<Permit>,
+}
+
+impl Ticket {
+    /// Wait for the slot, at most `timeout`.
+    pub async fn wait(self, timeout: Duration) -> Result<Permit, AdmitError> {
+        match self {
+            Ticket::Ready(permit) => Ok(permit),
+            Ticket::Queued(mut place) => {
+                match tokio::time::timeout(timeout, &mut place.rx).await {
+                    Ok(Ok(permit)) => Ok(permit),
+                    // The sender is only dropped with the permit sent.
+                    Ok(Err(_)) => Err(AdmitError::QueueTimeout),
+                    Err(_) => {
+                        if place.admission.leave(place.id) {
+                            Err(AdmitError::QueueTimeout)
+                        } else {
+                            // Granted just as time ran out: take it.
+                            place.rx.try_recv().map_err(|_| AdmitError::QueueTimeout)
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        // A permit already sent to a dropped receiver is dropped with the
+        // channel and frees its slot; otherwise leave the line.
+        self.admission.leave(self.id);
+    }
+}
+
+#[cfg(test)]
+mod tests;

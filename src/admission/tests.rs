@@ -1,0 +1,154 @@
+use super::*;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+fn admission(max_num_seqs: usize, max_queue_depth: usize) -> Arc<Admission> {
+    Admission::new(
+        Limits {
+            max_num_seqs,
+            max_queue_depth,
+        },
+        Gauges {
+            inflight: IntGauge::new("inflight", "test").unwrap(),
+            queued: IntGauge::new("queued", "test").unwrap(),
+        },
+    )
+}
+
+fn ready(t: Ticket) -> Permit {
+    match t {
+        Ticket::Ready(p) => p,
+        Ticket::Queued(_) => panic!("expected a free slot"),
+    }
+}
+
+const LONG: Duration = Duration::from_secs(3600);
+
+#[tokio::test(start_paused = true)]
+async fn slots_then_queue_then_refusal() {
+    let a = admission(2, 3);
+    let p1 = ready(a.try_enter(Class::Agent).unwrap());
+    let _p2 = ready(a.try_enter(Class::Agent).unwrap());
+    let queued: Vec<Ticket> = (0..3).map(|_| a.try_enter(Class::Agent).unwrap()).collect();
+    assert!(queued.iter().all(|t| matches!(t, Ticket::Queued(_))));
+    assert_eq!(a.load(), (2, 3));
+    assert_eq!(a.gauges.inflight.get(), 2);
+    assert_eq!(a.gauges.queued.get(), 3);
+    assert_eq!(a.try_enter(Class::Agent).err(), Some(AdmitError::QueueFull));
+    assert_eq!(
+        a.try_enter(Class::Warmup).err(),
+        Some(AdmitError::QueueFull)
+    );
+
+    // A freed slot goes straight to the head of the queue.
+    drop(p1);
+    assert_eq!(a.load(), (2, 2));
+    let mut it = queued.into_iter();
+    let p3 = it.next().unwrap().wait(LONG).await.unwrap();
+    drop(p3);
+    drop(it);
+    assert_eq!(a.load(), (1, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn agents_are_served_before_warmups_fifo_within_each() {
+    let a = admission(1, 10);
+    let holder = ready(a.try_enter(Class::Agent).unwrap());
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for (name, class) in [
+        ("w1", Class::Warmup),
+        ("a1", Class::Agent),
+        ("w2", Class::Warmup),
+        ("a2", Class::Agent),
+    ] {
+        let ticket = a.try_enter(class).unwrap();
+        let order = order.clone();
+        tasks.push(tokio::spawn(async move {
+            let permit = ticket.wait(LONG).await.unwrap();
+            order.lock().unwrap().push(name);
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            drop(permit);
+        }));
+    }
+    drop(holder);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), ["a1", "a2", "w1", "w2"]);
+    assert_eq!(a.load(), (0, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_times_out_and_leaves_its_place() {
+    let a = admission(1, 1);
+    let _holder = ready(a.try_enter(Class::Agent).unwrap());
+    let ticket = a.try_enter(Class::Agent).unwrap();
+    let started = tokio::time::Instant::now();
+    let err = ticket.wait(Duration::from_secs(5)).await.err();
+    assert_eq!(err, Some(AdmitError::QueueTimeout));
+    assert_eq!(started.elapsed(), Duration::from_secs(5));
+    assert_eq!(a.load(), (1, 0));
+    // The place is free again.
+    assert!(a.try_enter(Class::Agent).is_ok());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_waiter_leaves_at_once_and_slots_are_not_lost() {
+    let a = admission(1, 5);
+    let holder = ready(a.try_enter(Class::Agent).unwrap());
+    // A client that disconnects: its wait future is dropped mid-way.
+    let ticket = a.try_enter(Class::Agent).unwrap();
+    let task = tokio::spawn(ticket.wait(LONG));
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    task.abort();
+    let _ = task.await;
+    assert_eq!(a.load(), (1, 0));
+    // A place dropped after being granted (the race with release) passes
+    // the slot on instead of losing it.
+    let t2 = a.try_enter(Class::Agent).unwrap();
+    let t3 = a.try_enter(Class::Agent).unwrap();
+    drop(holder); // granted to t2, which is never awaited
+    drop(t2);
+    let p3 = t3.wait(LONG).await.unwrap();
+    assert_eq!(a.load(), (1, 0));
+    drop(p3);
+    assert_eq!(a.load(), (0, 0));
+    assert_eq!(a.gauges.inflight.get(), 0);
+    assert_eq!(a.gauges.queued.get(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn never_more_than_max_num_seqs_in_flight_under_churn() {
+    let a = admission(4, 100);
+    let running = Arc::new(AtomicUsize::new(0));
+    let peak = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for i in 0..100u64 {
+        let (a, running, peak) = (a.clone(), running.clone(), peak.clone());
+        tasks.push(tokio::spawn(async move {
+            let class = if i % 3 == 0 {
+                Class::Warmup
+            } else {
+                Class::Agent
+            };
+            let permit = a.try_enter(class).unwrap().wait(LONG).await.unwrap();
+            let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+            peak.fetch_max(now, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(1 + i % 7)).await;
+            running.fetch_sub(1, Ordering::SeqCst);
+            drop(permit);
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(peak.load(Ordering::SeqCst), 4);
+    assert_eq!(a.load(), (0, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn zero_queue_depth_refuses_when_slots_are_busy() {
+    let a = admission(1, 0);
+    let _p = ready(a.try_enter(Class::Agent).unwrap());
+    assert_eq!(a.try_enter(Class::Agent).err(), Some(AdmitError::QueueFull));
+}
