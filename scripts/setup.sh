@@ -1,19 +1,24 @@
 #!/usr/bin/env bash
 # Installs what building and testing poimen-gateway needs on a fresh Debian
-# machine with a Rust toolchain: cmake (Pingora builds zlib-ng with it) and a
-# C toolchain. Idempotent: it installs only what is missing.
+# machine with a Rust toolchain: cmake (Pingora builds zlib-ng with it), a C
+# toolchain, and the OpenAI Python SDK (a test streams through the gateway
+# with it). Idempotent: it installs only what is missing.
 set -euo pipefail
 
 need=()
 command -v cmake >/dev/null || need+=(cmake)
 command -v cc >/dev/null || need+=(build-essential)
 command -v pkg-config >/dev/null || need+=(pkg-config)
+command -v python3 >/dev/null || need+=(python3 python3-pip)
 if [ ${#need[@]} -gt 0 ]; then
   sudo=""
   [ "$(id -u)" -eq 0 ] || sudo="sudo"
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}"
 fi
+python3 -c 'import openai' 2>/dev/null ||
+  python3 -m pip install -q --disable-pip-version-check openai ||
+  python3 -m pip install -q --disable-pip-version-check --break-system-packages openai
 rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt
 rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy
 echo "setup: ok (cmake $(cmake --version | head -1 | awk '{print $3}'), $(cargo --version))"

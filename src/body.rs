@@ -1,4 +1,5 @@
-//! What the gateway needs from a request body: the top-level `"model"`.
+//! What the gateway needs from a request body: the top-level `"model"`, and
+//! whether it asks for a stream with or without usage.
 //!
 //! The body is parsed in full (the OpenAI SDKs put `"model"` after the
 //! messages) but nothing else is kept: other values are skipped, not built.
@@ -22,6 +23,28 @@ pub enum BodyError {
 struct Probe<'a> {
     #[serde(borrow, default)]
     model: Option<ModelField<'a>>,
+    #[serde(default)]
+    stream: Option<IgnoredAnyOr<bool>>,
+    #[serde(default)]
+    stream_options: Option<IgnoredAny>,
+}
+
+/// A value of type `T`, or anything else (which then counts as absent).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum IgnoredAnyOr<T> {
+    Value(T),
+    Other(IgnoredAny),
+}
+
+/// The facts of a request body the gateway acts on.
+#[derive(Debug, PartialEq)]
+pub struct Inspected<'a> {
+    pub model: Cow<'a, str>,
+    /// `"stream": true`.
+    pub stream: bool,
+    /// A `stream_options` key is present (the client chose for itself).
+    pub stream_options: bool,
 }
 
 #[derive(Deserialize)]
@@ -31,8 +54,12 @@ enum ModelField<'a> {
     Other(IgnoredAny),
 }
 
-/// The top-level `"model"` of a JSON request body.
-pub fn model_of(body: &[u8]) -> Result<Cow<'_, str>, BodyError> {
+/// The top-level `"model"` (and stream flags) of a JSON request body.
+pub fn inspect(body: &[u8]) -> Result<Inspected<'_>, BodyError> {
+    // serde would also read a struct from an array: require an object.
+    if !body.trim_ascii_start().starts_with(b"{") {
+        return Err(BodyError::NotJson("expected `{`".into()));
+    }
     let probe: Probe = serde_json::from_slice(body).map_err(|e| {
         let msg = e.to_string();
         if msg.starts_with("duplicate field `model`") {
@@ -41,11 +68,29 @@ pub fn model_of(body: &[u8]) -> Result<Cow<'_, str>, BodyError> {
             BodyError::NotJson(msg)
         }
     })?;
-    match probe.model {
-        None => Err(BodyError::NoModel),
-        Some(ModelField::Name(m)) if !m.is_empty() => Ok(m),
-        Some(_) => Err(BodyError::BadModel),
-    }
+    let model = match probe.model {
+        None => return Err(BodyError::NoModel),
+        Some(ModelField::Name(m)) if !m.is_empty() => m,
+        Some(_) => return Err(BodyError::BadModel),
+    };
+    Ok(Inspected {
+        model,
+        stream: matches!(probe.stream, Some(IgnoredAnyOr::Value(true))),
+        stream_options: probe.stream_options.is_some(),
+    })
+}
+
+/// The body with `"stream_options":{"include_usage":true}` added as its
+/// first key, so vLLM reports usage at the end of the stream. Only for a
+/// body `inspect` accepted (a JSON object) without `stream_options`.
+pub fn with_stream_usage(body: &[u8]) -> Vec<u8> {
+    const OPTION: &[u8] = br#""stream_options":{"include_usage":true},"#;
+    let open = body.iter().position(|b| *b == b'{').map_or(0, |i| i + 1);
+    let mut out = Vec::with_capacity(body.len() + OPTION.len());
+    out.extend_from_slice(&body[..open]);
+    out.extend_from_slice(OPTION);
+    out.extend_from_slice(&body[open..]);
+    out
 }
 
 #[cfg(test)]
@@ -57,22 +102,50 @@ mod tests {
         let filler = "x".repeat(100_000);
         let body =
             format!(r#"{{"messages":[{{"role":"user","content":"{filler}"}}],"model":"m-1"}}"#);
-        assert_eq!(model_of(body.as_bytes()).unwrap(), "m-1");
+        assert_eq!(inspect(body.as_bytes()).unwrap().model, "m-1");
     }
 
     #[test]
     fn nested_model_keys_do_not_count() {
         let body = br#"{"messages":[{"model":"wrong"}],"tools":{"model":"no"},"model":"right"}"#;
-        assert_eq!(model_of(body).unwrap(), "right");
+        assert_eq!(inspect(body).unwrap().model, "right");
         assert_eq!(
-            model_of(br#"{"messages":[{"model":"wrong"}]}"#),
+            inspect(br#"{"messages":[{"model":"wrong"}]}"#),
             Err(BodyError::NoModel)
         );
     }
 
     #[test]
     fn escaped_model_names_are_decoded() {
-        assert_eq!(model_of(br#"{"model":"a\/b\u0041"}"#).unwrap(), "a/bA");
+        assert_eq!(inspect(br#"{"model":"a\/b\u0041"}"#).unwrap().model, "a/bA");
+    }
+
+    #[test]
+    fn stream_flags() {
+        let i = inspect(br#"{"model":"m","stream":true}"#).unwrap();
+        assert!(i.stream && !i.stream_options);
+        let i = inspect(br#"{"stream":true,"stream_options":{"include_usage":false},"model":"m"}"#)
+            .unwrap();
+        assert!(i.stream && i.stream_options);
+        for body in [
+            &br#"{"model":"m"}"#[..],
+            br#"{"model":"m","stream":"yes"}"#,
+            br#"{"model":"m","stream":false}"#,
+        ] {
+            assert!(!inspect(body).unwrap().stream);
+        }
+    }
+
+    #[test]
+    fn stream_usage_is_added_as_the_first_key() {
+        let body = br#" {"messages":[],"stream":true,"model":"m"}"#;
+        let out = with_stream_usage(body);
+        assert_eq!(
+            std::str::from_utf8(&out).unwrap(),
+            r#" {"stream_options":{"include_usage":true},"messages":[],"stream":true,"model":"m"}"#
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["stream_options"]["include_usage"], true);
     }
 
     #[test]
@@ -85,19 +158,19 @@ mod tests {
             b"\"model\"",
         ] {
             assert!(
-                matches!(model_of(body), Err(BodyError::NotJson(_))),
+                matches!(inspect(body), Err(BodyError::NotJson(_))),
                 "{body:?}"
             );
         }
-        assert_eq!(model_of(br#"{}"#), Err(BodyError::NoModel));
-        assert_eq!(model_of(br#"{"model":null}"#), Err(BodyError::NoModel));
+        assert_eq!(inspect(br#"{}"#), Err(BodyError::NoModel));
+        assert_eq!(inspect(br#"{"model":null}"#), Err(BodyError::NoModel));
         for body in [
             &br#"{"model":42}"#[..],
             br#"{"model":""}"#,
             br#"{"model":["a"]}"#,
             br#"{"model":"a","model":"b"}"#,
         ] {
-            assert_eq!(model_of(body), Err(BodyError::BadModel), "{body:?}");
+            assert_eq!(inspect(body), Err(BodyError::BadModel), "{body:?}");
         }
     }
 }

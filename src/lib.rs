@@ -3,6 +3,7 @@
 //! on the same GPU so its prefix KV cache is reused.
 #![forbid(unsafe_code)]
 
+pub mod accounting;
 pub mod admission;
 pub mod body;
 pub mod config;

@@ -5,14 +5,19 @@
 //! addresses) and fixed words (route, reason, status class): never from keys,
 //! paths or anything else a client sends, so series stay bounded.
 
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
+use std::time::Instant;
 
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::MetricFamily;
 use prometheus::{
-    register_histogram, register_int_counter, register_int_counter_vec, register_int_gauge_vec,
-    Histogram, IntCounter, IntCounterVec, IntGaugeVec,
+    register_histogram, register_histogram_vec, register_int_counter, register_int_counter_vec,
+    register_int_gauge_vec, Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts,
 };
 
 use crate::admission::Gauges;
+use crate::pool::ModelPool;
 
 fn counter(name: &str, help: &str) -> IntCounter {
     register_int_counter!(name, help).expect("metric names are unique and valid")
@@ -79,6 +84,106 @@ pub static BACKEND_FAILURES: LazyLock<IntCounterVec> = LazyLock::new(|| {
     )
 });
 
+/// CAG-3 AC7: prompt tokens vLLM served from its prefix cache.
+pub static PREFIX_CACHE_HIT_TOKENS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter_vec(
+        "vllm_prefix_cache_hit_tokens_total",
+        "Prompt tokens served from the backend's prefix cache (when reported)",
+        BACKEND,
+    )
+});
+
+/// The denominator of the hit rate: hit / prompt is one PromQL division.
+pub static PROMPT_TOKENS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter_vec(
+        "poimen_gateway_prompt_tokens_total",
+        "Prompt tokens of completions whose usage was reported",
+        BACKEND,
+    )
+});
+
+pub static USAGE_MISSING: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter_vec(
+        "poimen_gateway_usage_missing_total",
+        "Successful completions whose cached tokens are unknown (no header, no usage)",
+        BACKEND,
+    )
+});
+
+pub static REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter_vec(
+        "poimen_gateway_requests_total",
+        "Requests for a configured model, by backend, route and status code",
+        &["model", "backend", "route", "code"],
+    )
+});
+
+/// Whole requests run from milliseconds (a 503, a short completion) to
+/// minutes (long generations): buckets from 50 ms to 10 min.
+pub static REQUEST_DURATION: LazyLock<HistogramVec> = LazyLock::new(|| {
+    register_histogram_vec!(
+        "poimen_gateway_request_duration_seconds",
+        "Time from the request to the end of its response",
+        &["model"],
+        vec![0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0]
+    )
+    .expect("metric names are unique and valid")
+});
+
+/// Time to the first body byte: for a stream, the first token. Prefill of a
+/// cached prompt takes tens of ms, a cold long prompt seconds, a queued one
+/// longer: buckets from 10 ms to 2 min.
+pub static TIME_TO_FIRST_BYTE: LazyLock<HistogramVec> = LazyLock::new(|| {
+    register_histogram_vec!(
+        "poimen_gateway_time_to_first_byte_seconds",
+        "Time from the request to the first response body byte from the backend",
+        &["model"],
+        vec![0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0]
+    )
+    .expect("metric names are unique and valid")
+});
+
+/// `poimen_gateway_backend_excluded{model,backend}`: 0/1, read from the
+/// pools at scrape time, so it falls back to 0 when the window ends.
+struct ExclusionCollector {
+    pools: Vec<Arc<ModelPool>>,
+    gauge: IntGaugeVec,
+}
+
+impl Collector for ExclusionCollector {
+    fn desc(&self) -> Vec<&Desc> {
+        self.gauge.desc()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let now = Instant::now();
+        for pool in &self.pools {
+            for addr in pool.addrs() {
+                let g: IntGauge = self
+                    .gauge
+                    .with_label_values(&[&pool.name, &addr.to_string()]);
+                g.set(i64::from(pool.is_excluded(addr, now)));
+            }
+        }
+        self.gauge.collect()
+    }
+}
+
+/// Export the exclusion state of these pools.
+pub fn register_exclusions(pools: Vec<Arc<ModelPool>>) {
+    let gauge = IntGaugeVec::new(
+        Opts::new(
+            "poimen_gateway_backend_excluded",
+            "1 while the backend is excluded after a failure, else 0",
+        ),
+        BACKEND,
+    )
+    .expect("valid metric");
+    if let Err(e) = prometheus::register(Box::new(ExclusionCollector { pools, gauge })) {
+        log::warn!("backend exclusion metric not registered: {e}");
+    }
+}
+
 /// The gauges one backend's admission keeps current.
 pub fn admission_gauges(model: &str, backend: &str) -> Gauges {
     Gauges {
@@ -93,7 +198,16 @@ pub fn init_backend(model: &str, backend: &str) {
     for reason in ["queue_full", "queue_timeout"] {
         QUEUE_REJECTED.with_label_values(&[model, backend, reason]);
     }
-    BACKEND_FAILURES.with_label_values(&[model, backend]);
+    for counter in [
+        &BACKEND_FAILURES,
+        &PREFIX_CACHE_HIT_TOKENS,
+        &PROMPT_TOKENS,
+        &USAGE_MISSING,
+    ] {
+        counter.with_label_values(&[model, backend]);
+    }
+    REQUEST_DURATION.with_label_values(&[model]);
+    TIME_TO_FIRST_BYTE.with_label_values(&[model]);
     LazyLock::force(&WARMUP_DELAYED);
     LazyLock::force(&QUEUE_WAIT);
 }

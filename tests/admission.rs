@@ -93,10 +93,10 @@ async fn thirty_requests_on_four_slots_and_twenty_places() {
 #[tokio::test(flavor = "multi_thread")]
 async fn slots_and_places_come_back_when_clients_leave() {
     let b = FakeBackend::start().await;
-    b.set_reply(Reply::Sse {
-        events: (0..50).map(|i| format!("{{\"n\":{i}}}")).collect(),
-        gap: Duration::from_millis(200),
-    });
+    b.set_reply(Reply::sse(
+        (0..50).map(|i| format!("{{\"n\":{i}}}")).collect(),
+        Duration::from_millis(200),
+    ));
     let gw = Arc::new(
         Gateway::start(&format!(
             "  scheduler: {{max_num_seqs: 1, max_queue_depth: 5}}\n{}",

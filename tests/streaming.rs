@@ -11,10 +11,7 @@ async fn sse_events_reach_the_client_one_by_one() {
     let events: Vec<String> = (0..4)
         .map(|i| format!(r#"{{"choices":[{{"delta":{{"content":"t{i}"}}}}]}}"#))
         .collect();
-    b.set_reply(Reply::Sse {
-        events: events.clone(),
-        gap: Duration::from_millis(200),
-    });
+    b.set_reply(Reply::sse(events.clone(), Duration::from_millis(200)));
     let gw = Gateway::start(&one_model("m", &[b.addr])).await;
     let mut resp = client()
         .post(gw.url("/v1/chat/completions"))

@@ -2,6 +2,7 @@
 
 mod support;
 
+mod accounting;
 mod admission;
 mod bodies;
 mod config_check;

@@ -25,6 +25,11 @@ pub struct GatewayFile {
     /// TCP connect timeout to a backend. Default 2000.
     #[serde(default = "default_connect_timeout_ms")]
     pub connect_timeout_ms: u64,
+    /// Ask vLLM for usage on streams whose client did not, so every stream
+    /// is accounted; the added usage chunk is removed before the client.
+    /// Default true.
+    #[serde(default = "default_stream_usage")]
+    pub stream_usage: bool,
     #[serde(default)]
     pub scheduler: SchedulerFile,
     #[serde(default)]
@@ -157,4 +162,7 @@ fn default_queue_timeout_ms() -> u64 {
 }
 fn default_warmup_delay_ms() -> u64 {
     500
+}
+fn default_stream_usage() -> bool {
+    true
 }

@@ -27,6 +27,7 @@ pub struct GatewayConfig {
     pub failure_exclusion: Duration,
     pub max_request_body_bytes: usize,
     pub connect_timeout: Duration,
+    pub stream_usage: bool,
     pub queue_timeout: Duration,
     pub overflow: Overflow,
     pub warmup: WarmupConfig,
@@ -286,6 +287,7 @@ fn validate(file: GatewayFile) -> Result<GatewayConfig, ConfigError> {
         failure_exclusion: Duration::from_secs(exclusion),
         max_request_body_bytes: body as usize,
         connect_timeout: Duration::from_millis(connect),
+        stream_usage: file.stream_usage,
         queue_timeout: Duration::from_millis(queue_timeout),
         overflow: sched.overflow,
         warmup: WarmupConfig {

@@ -22,10 +22,14 @@ pub fn cache_key(req: &RequestHeader) -> Result<Option<HeaderValue>, ApiError> {
     Ok(first)
 }
 
+/// A completion endpoint: where warmups and cache accounting apply.
+pub fn is_completion(req: &RequestHeader) -> bool {
+    matches!(req.uri.path(), "/v1/chat/completions" | "/v1/completions")
+}
+
 /// `X-Poimen-Warmup: true` (or `1`, any case) on a completion endpoint.
 pub fn is_warmup(req: &RequestHeader) -> bool {
-    let completion = matches!(req.uri.path(), "/v1/chat/completions" | "/v1/completions");
-    completion
+    is_completion(req)
         && req.headers.get_all(WARMUP).iter().any(|v| {
             let v = v.as_bytes();
             v.eq_ignore_ascii_case(b"true") || v == b"1"

@@ -10,13 +10,16 @@
 //! - `request_body_filter`: emit the body read in `request_filter`;
 //! - `fail_to_connect` / `error_while_proxy`: exclude a failed backend, retry;
 //! - `response_filter`: tell the client where the request went and why;
-//! - `upstream_response_body_filter`: free the slot when the response ends;
-//! - `fail_to_proxy`: answer errors in OpenAI's shape.
+//! - `upstream_response_filter` / `upstream_response_body_filter`: read the
+//!   cache accounting as the response passes; free the slot when it ends;
+//! - `fail_to_proxy`: answer errors in OpenAI's shape;
+//! - `logging`: the `prefix_cache` log line and the request metrics.
 
 mod admit;
 mod body_reader;
 mod endpoints;
 mod headers;
+mod record;
 mod respond;
 
 use std::collections::HashMap;
@@ -32,8 +35,9 @@ use pingora::prelude::*;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::ErrorType;
 
+use crate::accounting::Tracker;
 use crate::admission::Permit;
-use crate::body::model_of;
+use crate::body;
 use crate::config::GatewayConfig;
 use crate::errors::ApiError;
 use crate::metrics;
@@ -52,11 +56,18 @@ pub struct Gateway {
 /// Pingora at the end of every request, which frees whatever it still holds.
 #[derive(Default)]
 pub struct RequestCtx {
+    started: Option<Instant>,
     pool: Option<Arc<ModelPool>>,
     cache_key: Option<HeaderValue>,
     warmup: bool,
     /// The body read in `request_filter`, re-emitted on every attempt.
     body: Option<Bytes>,
+    /// The gateway changed the body (added `stream_options`).
+    body_rewritten: bool,
+    /// Prefix-cache accounting, for completions.
+    tracker: Option<Tracker>,
+    /// Time to the first response body byte.
+    first_byte: Option<Duration>,
     /// The backend of the current (or next) attempt, and its slot.
     pick: Option<Pick>,
     permit: Option<Permit>,
@@ -77,7 +88,7 @@ impl RequestCtx {
 
 impl Gateway {
     pub fn new(config: GatewayConfig) -> Self {
-        let pools = config
+        let pools: HashMap<String, Arc<ModelPool>> = config
             .models
             .iter()
             .map(|m| {
@@ -88,6 +99,7 @@ impl Gateway {
         let started = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
+        metrics::register_exclusions(pools.values().cloned().collect());
         Gateway {
             config: Arc::new(config),
             pools,
@@ -104,14 +116,26 @@ impl Gateway {
     async fn prepare(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<(), Stop> {
         ctx.cache_key = headers::cache_key(session.req_header())?;
         ctx.warmup = headers::is_warmup(session.req_header());
-        let body = body_reader::read_whole(session, self.config.max_request_body_bytes).await?;
-        let model = model_of(&body).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+        let raw = body_reader::read_whole(session, self.config.max_request_body_bytes).await?;
+        let facts = body::inspect(&raw).map_err(|e| ApiError::BadRequest(e.to_string()))?;
         let pool = self
             .pools
-            .get(model.as_ref())
-            .ok_or_else(|| ApiError::UnknownModel(model.to_string()))?;
+            .get(facts.model.as_ref())
+            .ok_or_else(|| ApiError::UnknownModel(facts.model.to_string()))?;
         ctx.pool = Some(pool.clone());
-        ctx.body = Some(body);
+        if headers::is_completion(session.req_header()) {
+            // A stream whose client did not ask for usage: ask for it, and
+            // hide the extra chunk from the client.
+            let add_usage = self.config.stream_usage && facts.stream && !facts.stream_options;
+            ctx.tracker = Some(Tracker::new(add_usage));
+            if add_usage {
+                ctx.body = Some(body::with_stream_usage(&raw).into());
+                ctx.body_rewritten = true;
+            }
+        }
+        if ctx.body.is_none() {
+            ctx.body = Some(raw);
+        }
         if ctx.warmup {
             self.warmup_delay(session).await?;
         }
@@ -172,6 +196,7 @@ impl ProxyHttp for Gateway {
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
+        ctx.started = Some(Instant::now());
         let req = session.req_header();
         match endpoints::classify(&req.method, req.uri.path()) {
             Endpoint::Proxy => {}
@@ -243,6 +268,9 @@ impl ProxyHttp for Gateway {
         upstream: &mut RequestHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
+        if let (true, Some(body)) = (ctx.body_rewritten, &ctx.body) {
+            upstream.insert_header(http::header::CONTENT_LENGTH, body.len().to_string())?;
+        }
         headers::rewrite_upstream(upstream, ctx.warmup, self.config.warmup.vllm_priority)
     }
 
@@ -306,10 +334,16 @@ impl ProxyHttp for Gateway {
     async fn upstream_response_filter(
         &self,
         _session: &mut Session,
-        _upstream_response: &mut ResponseHeader,
+        response: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
         ctx.response_started = true;
+        if let Some(tracker) = &mut ctx.tracker {
+            if tracker.on_header(response.status.as_u16(), &response.headers) {
+                // The stream loses a chunk: its length is no longer known.
+                response.remove_header(&http::header::CONTENT_LENGTH);
+            }
+        }
         Ok(())
     }
 
@@ -329,10 +363,16 @@ impl ProxyHttp for Gateway {
     fn upstream_response_body_filter(
         &self,
         _session: &mut Session,
-        _body: &mut Option<Bytes>,
+        body: &mut Option<Bytes>,
         end_of_stream: bool,
         ctx: &mut RequestCtx,
     ) -> Result<Option<Duration>> {
+        if ctx.first_byte.is_none() && body.as_ref().is_some_and(|b| !b.is_empty()) {
+            ctx.first_byte = ctx.started.map(|t| t.elapsed());
+        }
+        if let Some(tracker) = &mut ctx.tracker {
+            tracker.on_body(body, end_of_stream);
+        }
         if end_of_stream {
             // The backend is done with this sequence: its slot is free now,
             // not after the client has read the last bytes.
@@ -368,5 +408,11 @@ impl ProxyHttp for Gateway {
             error_code: code,
             can_reuse_downstream: false,
         }
+    }
+
+    async fn logging(&self, session: &mut Session, _e: Option<&Error>, ctx: &mut RequestCtx) {
+        // Free the slot even if the response never ended cleanly.
+        ctx.permit = None;
+        self.record(session, ctx);
     }
 }

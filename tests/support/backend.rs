@@ -33,7 +33,29 @@ pub enum Reply {
     /// `{"backend": <addr>, "model": <model of the body>}`.
     Echo,
     /// Server-sent events, one per string, `gap` apart, then `data: [DONE]`.
-    Sse { events: Vec<String>, gap: Duration },
+    /// Like vLLM, `usage` (a final chunk) is sent only to a request with
+    /// `stream_options.include_usage`.
+    Sse {
+        events: Vec<String>,
+        gap: Duration,
+        usage: Option<String>,
+    },
+    /// A fixed JSON body with extra headers.
+    Json {
+        body: String,
+        headers: Vec<(&'static str, String)>,
+    },
+}
+
+impl Reply {
+    /// A stream of `events`, `gap` apart, without usage.
+    pub fn sse(events: Vec<String>, gap: Duration) -> Reply {
+        Reply::Sse {
+            events,
+            gap,
+            usage: None,
+        }
+    }
 }
 
 struct State {
@@ -181,8 +203,21 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<Response<Bo
                 .body(Full::new(Bytes::from(json.to_string())).boxed())
                 .unwrap()
         }
-        Reply::Sse { events, gap } => {
+        Reply::Json { body, headers } => {
+            drop(guard);
+            let mut resp = Response::builder().header("content-type", "application/json");
+            for (k, v) in headers {
+                resp = resp.header(k, v);
+            }
+            resp.body(Full::new(Bytes::from(body)).boxed()).unwrap()
+        }
+        Reply::Sse { events, gap, usage } => {
+            let asked = serde_json::from_slice::<serde_json::Value>(&body)
+                .is_ok_and(|v| v["stream_options"]["include_usage"] == true);
             let mut chunks: Vec<String> = events.iter().map(|e| format!("data: {e}\n\n")).collect();
+            if let (true, Some(u)) = (asked, usage) {
+                chunks.push(format!("data: {u}\n\n"));
+            }
             chunks.push("data: [DONE]\n\n".into());
             // The in-flight guard lives as long as the stream does.
             let frames = futures::stream::unfold(

@@ -1,0 +1,231 @@
+//! Prefix-cache accounting (CAG-3 AC6/AC7): for each proxied completion, how
+//! many of its prompt tokens vLLM served from its prefix cache.
+//!
+//! Sources, per response: the `vllm-num-cached-tokens` header (a patched vLLM
+//! or a sidecar) wins; otherwise `usage.prompt_tokens_details.cached_tokens`
+//! from the JSON body or from the final usage chunk of an SSE stream. Prompt
+//! tokens come from `usage.prompt_tokens`. With no usage at all the cached
+//! count is unknown, not zero.
+
+pub mod scanner;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::HeaderMap;
+use serde_json::json;
+
+use scanner::{JsonScanner, SseScanner, Usage};
+
+pub const CACHED_TOKENS_HEADER: &str = "vllm-num-cached-tokens";
+
+/// How the response body is read.
+enum BodyScan {
+    /// Not a 2xx JSON or SSE response: nothing to read.
+    None,
+    Json(JsonScanner),
+    Sse(SseScanner),
+}
+
+/// One response's accounting, fed by the proxy as the response passes.
+pub struct Tracker {
+    /// The gateway added `include_usage`: remove the usage-only chunk.
+    strip: bool,
+    header_cached: Option<u64>,
+    body: BodyScan,
+}
+
+impl Tracker {
+    pub fn new(strip: bool) -> Self {
+        Tracker {
+            strip,
+            header_cached: None,
+            body: BodyScan::None,
+        }
+    }
+
+    /// The response header arrived. Returns true when the body may change
+    /// length (the caller must then drop `Content-Length`).
+    pub fn on_header(&mut self, status: u16, headers: &HeaderMap) -> bool {
+        self.header_cached = headers
+            .get(CACHED_TOKENS_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse().ok());
+        if !(200..300).contains(&status) {
+            return false;
+        }
+        let content_type = headers
+            .get(http::header::CONTENT_TYPE)
+            .map(|v| v.as_bytes())
+            .unwrap_or_default();
+        if content_type.starts_with(b"text/event-stream") {
+            self.body = BodyScan::Sse(SseScanner::new(self.strip));
+            self.strip
+        } else if content_type.starts_with(b"application/json") {
+            self.body = BodyScan::Json(JsonScanner::default());
+            false
+        } else {
+            false
+        }
+    }
+
+    /// A body chunk from the backend, replaced by what the client should get.
+    pub fn on_body(&mut self, body: &mut Option<Bytes>, end_of_stream: bool) {
+        match &mut self.body {
+            BodyScan::None => {}
+            BodyScan::Json(scan) => {
+                if let Some(b) = body {
+                    scan.feed(b);
+                }
+            }
+            BodyScan::Sse(scan) => {
+                let mut out = body.take().map(|b| scan.feed(b)).unwrap_or_default();
+                if end_of_stream {
+                    let rest = scan.finish();
+                    if !rest.is_empty() {
+                        out = [out, rest].concat().into();
+                    }
+                }
+                *body = Some(out);
+            }
+        }
+    }
+
+    /// What is known once the response is over; the header wins for cached.
+    pub fn usage(&self) -> Usage {
+        let body = match &self.body {
+            BodyScan::None => None,
+            BodyScan::Json(scan) => scan.finish(),
+            BodyScan::Sse(scan) => scan.usage(),
+        }
+        .unwrap_or_default();
+        Usage {
+            prompt_tokens: body.prompt_tokens,
+            cached_tokens: self.header_cached.or(body.cached_tokens),
+        }
+    }
+}
+
+/// cached / prompt (0 when the prompt is empty), when both are known.
+pub fn hit_rate(usage: Usage) -> Option<f64> {
+    let (cached, prompt) = (usage.cached_tokens?, usage.prompt_tokens?);
+    Some(if prompt == 0 {
+        0.0
+    } else {
+        cached as f64 / prompt as f64
+    })
+}
+
+/// Everything the `prefix_cache` log line says about one completion.
+pub struct Record<'a> {
+    pub cache_key: Option<&'a str>,
+    pub usage: Usage,
+    pub model: &'a str,
+    pub backend: &'a str,
+    pub route: &'a str,
+    pub status: u16,
+    pub duration: Duration,
+}
+
+impl Record<'_> {
+    /// The log line (CAG-3 AC6): one JSON object.
+    pub fn to_json(&self) -> String {
+        json!({
+            "event": "prefix_cache",
+            "cache_key": self.cache_key,
+            "cached_tokens": self.usage.cached_tokens,
+            "total_tokens": self.usage.prompt_tokens,
+            "hit_rate": hit_rate(self.usage),
+            "model": self.model,
+            "backend": self.backend,
+            "route": self.route,
+            "status": self.status,
+            "duration_ms": self.duration.as_millis() as u64,
+        })
+        .to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(
+                http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                v.parse().unwrap(),
+            );
+        }
+        h
+    }
+
+    const USAGE_JSON: &str = r#"{"choices":[],"usage":{"prompt_tokens":100,"prompt_tokens_details":{"cached_tokens":64}}}"#;
+
+    #[test]
+    fn the_header_wins_over_the_body() {
+        let mut t = Tracker::new(false);
+        t.on_header(
+            200,
+            &headers(&[
+                ("content-type", "application/json"),
+                (CACHED_TOKENS_HEADER, "80"),
+            ]),
+        );
+        let mut body = Some(Bytes::from(USAGE_JSON));
+        t.on_body(&mut body, true);
+        assert_eq!(
+            t.usage(),
+            Usage {
+                prompt_tokens: Some(100),
+                cached_tokens: Some(80)
+            }
+        );
+    }
+
+    #[test]
+    fn errors_and_unknown_types_are_not_scanned() {
+        let mut t = Tracker::new(true);
+        assert!(!t.on_header(500, &headers(&[("content-type", "application/json")])));
+        let mut body = Some(Bytes::from(USAGE_JSON));
+        t.on_body(&mut body, true);
+        assert_eq!(t.usage(), Usage::default());
+        assert_eq!(body.unwrap(), USAGE_JSON, "untouched");
+    }
+
+    #[test]
+    fn hit_rate_rules() {
+        let u = |p, c| Usage {
+            prompt_tokens: p,
+            cached_tokens: c,
+        };
+        assert_eq!(hit_rate(u(Some(200), Some(50))), Some(0.25));
+        assert_eq!(hit_rate(u(Some(0), Some(0))), Some(0.0));
+        assert_eq!(hit_rate(u(None, Some(5))), None);
+        assert_eq!(hit_rate(u(Some(5), None)), None);
+    }
+
+    #[test]
+    fn the_log_line_is_one_json_object() {
+        let r = Record {
+            cache_key: None,
+            usage: Usage {
+                prompt_tokens: Some(651),
+                cached_tokens: Some(512),
+            },
+            model: "m",
+            backend: "127.0.0.1:8000",
+            route: "round_robin",
+            status: 200,
+            duration: Duration::from_millis(1234),
+        };
+        let v: serde_json::Value = serde_json::from_str(&r.to_json()).unwrap();
+        assert_eq!(v["event"], "prefix_cache");
+        assert!(v["cache_key"].is_null());
+        assert_eq!(v["cached_tokens"], 512);
+        assert_eq!(v["total_tokens"], 651);
+        assert!((v["hit_rate"].as_f64().unwrap() - 512.0 / 651.0).abs() < 1e-9);
+        assert_eq!(v["duration_ms"], 1234);
+    }
+}

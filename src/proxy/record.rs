@@ -1,0 +1,69 @@
+//! The end of a request: its metrics and, for a completion a backend
+//! answered, the `prefix_cache` log line (CAG-3 AC6/AC7).
+
+use log::info;
+use pingora::proxy::Session;
+
+use super::{Gateway, RequestCtx};
+use crate::accounting::Record;
+use crate::metrics;
+
+impl Gateway {
+    pub(super) fn record(&self, session: &Session, ctx: &RequestCtx) {
+        let Some(pool) = &ctx.pool else {
+            return; // no model: a local answer or a bad request
+        };
+        // 499 (nginx's word for it): the client left before any answer.
+        let status = session
+            .response_written()
+            .map_or(499, |r| r.status.as_u16());
+        let backend = ctx
+            .pick
+            .as_ref()
+            .map_or_else(|| "none".to_string(), |p| p.addr.to_string());
+        let route = ctx.pick.as_ref().map_or("none", |p| p.route.as_str());
+        let model = pool.name.as_str();
+        let duration = ctx.started.map(|t| t.elapsed()).unwrap_or_default();
+        metrics::REQUESTS
+            .with_label_values(&[model, &backend, route, &status.to_string()])
+            .inc();
+        metrics::REQUEST_DURATION
+            .with_label_values(&[model])
+            .observe(duration.as_secs_f64());
+        if let Some(ttfb) = ctx.first_byte {
+            metrics::TIME_TO_FIRST_BYTE
+                .with_label_values(&[model])
+                .observe(ttfb.as_secs_f64());
+        }
+
+        let Some(tracker) = ctx.tracker.as_ref().filter(|_| ctx.response_started) else {
+            return;
+        };
+        let usage = tracker.usage();
+        let labels = [model, backend.as_str()];
+        match usage.cached_tokens {
+            Some(cached) => metrics::PREFIX_CACHE_HIT_TOKENS
+                .with_label_values(&labels)
+                .inc_by(cached),
+            None if (200..300).contains(&status) => {
+                metrics::USAGE_MISSING.with_label_values(&labels).inc()
+            }
+            None => {}
+        }
+        if let Some(prompt) = usage.prompt_tokens {
+            metrics::PROMPT_TOKENS
+                .with_label_values(&labels)
+                .inc_by(prompt);
+        }
+        let record = Record {
+            cache_key: ctx.cache_key.as_ref().and_then(|k| k.to_str().ok()),
+            usage,
+            model,
+            backend: &backend,
+            route,
+            status,
+            duration,
+        };
+        info!(target: "poimen_gateway::cache", "{}", record.to_json());
+    }
+}
