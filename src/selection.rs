@@ -159,6 +159,21 @@ mod tests {
     }
 
     #[test]
+    fn addresses_differing_only_in_port_spread_evenly() {
+        let backends: Vec<(String, u32)> =
+            (1..=3).map(|p| (format!("127.0.0.1:1800{p}"), 1)).collect();
+        let mut counts: HashMap<String, usize> = HashMap::new();
+        for k in 0..9_000 {
+            *counts
+                .entry(owner(format!("session-k{k}").as_bytes(), &backends))
+                .or_default() += 1;
+        }
+        for (addr, c) in counts {
+            assert!((2700..=3300).contains(&c), "{addr} got {c} of 9000");
+        }
+    }
+
+    #[test]
     fn adding_a_backend_moves_only_keys_to_it() {
         let four = addrs(4);
         let five = addrs(5);

@@ -1,0 +1,235 @@
+//! The demo behind `./demo.sh`: three vllm-sim instances, the gateway with
+//! `conf/demo.yaml`, and an agent workload run twice, with and without
+//! `X-Poimen-Cache-Key`. Every process it starts is stopped when it ends.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+const GATEWAY: &str = "http://127.0.0.1:18080";
+const METRICS: &str = "http://127.0.0.1:18091/metrics";
+const SIMS: [&str; 3] = ["127.0.0.1:18001", "127.0.0.1:18002", "127.0.0.1:18003"];
+const MODEL: &str = "demo-model";
+const SESSIONS: usize = 10;
+const TURNS: usize = 4;
+
+/// Children killed when the demo ends, however it ends.
+struct Procs(Vec<Child>);
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Deterministic filler text: `words` pseudo-random words from `seed`.
+fn text(seed: u64, words: usize) -> String {
+    const VOCAB: [&str; 12] = [
+        "memory", "agent", "tool", "result", "plan", "cache", "token", "step", "note", "user",
+        "context", "answer",
+    ];
+    let mut x = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..words)
+        .map(|_| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            VOCAB[(x >> 33) as usize % VOCAB.len()]
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("own path");
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>")
+        .to_path_buf()
+}
+
+fn start_sim(bin: &Path, addr: &str) -> Child {
+    let mut child = Command::new(bin)
+        .args(["--listen", addr, "--model", MODEL, "--time-scale", "0.2"])
+        .args(["--kv-cache-tokens", "16384", "--max-num-seqs", "4"])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("vllm-sim starts");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.contains("listening"), "vllm-sim on {addr}: {line}");
+    child
+}
+
+/// One run of the workload: per session, the backends used and the usage.
+struct Run {
+    backends: BTreeMap<String, BTreeSet<String>>,
+    prompt: u64,
+    cached: u64,
+}
+
+async fn chat(
+    http: &reqwest::Client,
+    messages: &Value,
+    key: Option<&str>,
+    warmup: bool,
+) -> (String, u64, u64) {
+    let max_tokens = if warmup { 1 } else { 16 };
+    let body = json!({"messages": messages, "max_tokens": max_tokens, "model": MODEL});
+    let mut req = http
+        .post(format!("{GATEWAY}/v1/chat/completions"))
+        .json(&body);
+    if let Some(k) = key {
+        req = req.header("X-Poimen-Cache-Key", k);
+    }
+    if warmup {
+        req = req.header("X-Poimen-Warmup", "true");
+    }
+    let resp = req.send().await.expect("gateway answers");
+    let backend = resp.headers()["x-poimen-backend"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    let v: Value = resp.json().await.expect("JSON answer");
+    let usage = &v["usage"];
+    let prompt = usage["prompt_tokens"].as_u64().unwrap_or(0);
+    let cached = usage["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap_or(0);
+    (backend, prompt, cached)
+}
+
+async fn workload(http: &reqwest::Client, keyed: bool, seed: u64) -> Run {
+    let system = text(1, 900);
+    let mut run = Run {
+        backends: BTreeMap::new(),
+        prompt: 0,
+        cached: 0,
+    };
+    let mut convs: Vec<Vec<Value>> = (0..SESSIONS)
+        .map(|s| {
+            let memory = text(seed + s as u64, 1200);
+            vec![json!({"role": "system", "content": format!("{system}\n{memory}")})]
+        })
+        .collect();
+    let name = |s: usize| format!("{}-session-{s}", if keyed { "keyed" } else { "plain" });
+    // A memory service pre-fills each session's cache with a warmup.
+    let warmups = (0..SESSIONS).map(|s| {
+        let key = keyed.then(|| name(s));
+        let msgs = Value::Array(convs[s].clone());
+        async move { chat(http, &msgs, key.as_deref(), true).await }
+    });
+    futures::future::join_all(warmups).await;
+    for turn in 0..TURNS {
+        for (s, conv) in convs.iter_mut().enumerate() {
+            conv.push(json!({"role": "user", "content": text(seed * 100 + (s * TURNS + turn) as u64, 40)}));
+        }
+        let turns = convs.iter().enumerate().map(|(s, conv)| {
+            let key = keyed.then(|| name(s));
+            let msgs = Value::Array(conv.clone());
+            async move { (s, chat(http, &msgs, key.as_deref(), false).await) }
+        });
+        for (s, (backend, prompt, cached)) in futures::future::join_all(turns).await {
+            run.backends.entry(name(s)).or_default().insert(backend);
+            run.prompt += prompt;
+            run.cached += cached;
+            convs[s].push(json!({"role": "assistant", "content": text(s as u64, 16)}));
+        }
+    }
+    run
+}
+
+fn report(title: &str, run: &Run) {
+    println!("\n{title}");
+    for (session, backends) in &run.backends {
+        let list: Vec<&str> = backends.iter().map(String::as_str).collect();
+        println!("  {session}  ->  {}", list.join(", "));
+    }
+    let mut per_backend: BTreeMap<&str, usize> = BTreeMap::new();
+    for backends in run.backends.values() {
+        for b in backends {
+            *per_backend.entry(b).or_default() += 1;
+        }
+    }
+    println!("  sessions per backend: {per_backend:?}");
+    let rate = run.cached as f64 / run.prompt.max(1) as f64;
+    println!(
+        "  prompt tokens {}, cached {}: hit rate {:.1}%",
+        run.prompt,
+        run.cached,
+        rate * 100.0
+    );
+}
+
+#[tokio::main]
+async fn main() {
+    let dir = bin_dir();
+    let mut procs = Procs(Vec::new());
+    for addr in SIMS {
+        procs.0.push(start_sim(&dir.join("vllm-sim"), addr));
+    }
+    let conf = concat!(env!("CARGO_MANIFEST_DIR"), "/conf/demo.yaml");
+    procs.0.push(
+        Command::new(dir.join("poimen-gateway"))
+            .args(["-c", conf])
+            .env("RUST_LOG", "warn")
+            .spawn()
+            .expect("gateway starts"),
+    );
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while http.get(format!("{GATEWAY}/health")).send().await.is_err() {
+        assert!(Instant::now() < deadline, "the gateway did not come up");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    println!(
+        "3 simulated vLLM instances ({}) behind poimen-gateway on {GATEWAY}",
+        SIMS.join(", ")
+    );
+    println!("workload: {SESSIONS} agent sessions x {TURNS} turns, a shared system prompt and a");
+    println!("per-session memory context, and a warmup before each session's first turn");
+
+    let keyed = workload(&http, true, 1000).await;
+    report(
+        "with X-Poimen-Cache-Key (rendezvous: each session stays on one GPU)",
+        &keyed,
+    );
+    println!(
+        "  (over many keys rendezvous spreads evenly; {SESSIONS} keys on 3 backends can bunch,"
+    );
+    println!("   and `overflow: spill` moves a full backend's excess to the runner-up)");
+    let unkeyed = workload(&http, false, 2000).await;
+    report("without a key (round-robin: sessions wander)", &unkeyed);
+
+    let metrics = http
+        .get(METRICS)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    println!("\n/metrics excerpt:");
+    for line in metrics.lines().filter(|l| {
+        (l.starts_with("vllm_prefix_cache_hit_tokens_total")
+            || l.starts_with("poimen_gateway_prompt_tokens_total")
+            || l.starts_with("warmup_requests_delayed_total")
+            || l.starts_with("poimen_gateway_requests_total"))
+            && !l.ends_with(" 0")
+    }) {
+        println!("  {line}");
+    }
+    println!("\nstopping the gateway and the simulators");
+}

@@ -1,0 +1,89 @@
+//! Shared server state: configuration, cache, scheduler, faults, metrics.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::batch::Scheduler;
+use crate::cache::PrefixCache;
+use crate::config::Args;
+use crate::faults::Faults;
+use crate::metrics::{Gauges, Metrics};
+use crate::timing::TimingModel;
+
+#[derive(Debug)]
+pub struct App {
+    pub model: String,
+    pub max_model_len: usize,
+    pub block_size: usize,
+    pub kv_cache_tokens: usize,
+    pub default_max_tokens: usize,
+    pub max_output_tokens: usize,
+    pub cached_tokens_header: bool,
+    pub timing: TimingModel,
+    pub cache: Mutex<PrefixCache>,
+    pub sched: Arc<Scheduler>,
+    pub faults: Arc<Faults>,
+    pub metrics: Metrics,
+    /// KV tokens reserved by running requests, for `kv_cache_usage_perc`.
+    pub kv_tokens_in_use: AtomicUsize,
+    /// Server start time, shown as the model's `created`.
+    pub started: u64,
+    next_id: AtomicU64,
+}
+
+impl App {
+    pub fn new(a: &Args) -> Arc<Self> {
+        let block_size = a.block_size as usize;
+        Arc::new(App {
+            model: a.model.clone(),
+            max_model_len: a.max_model_len,
+            block_size,
+            kv_cache_tokens: a.kv_cache_tokens,
+            default_max_tokens: a.default_max_tokens as usize,
+            max_output_tokens: a.max_output_tokens as usize,
+            cached_tokens_header: a.cached_tokens_header,
+            timing: TimingModel {
+                prefill_us_per_token: a.prefill_us_per_token,
+                decode_us_per_token: a.decode_us_per_token,
+                step_us_per_running_seq: a.step_us_per_running_seq,
+                time_scale: a.time_scale,
+            },
+            cache: Mutex::new(PrefixCache::new(a.kv_cache_tokens / block_size)),
+            sched: Scheduler::new(a.max_num_seqs as usize),
+            faults: Faults::new(a.fault, a.slow_factor),
+            metrics: Metrics::default(),
+            kv_tokens_in_use: AtomicUsize::new(0),
+            started: unix_now(),
+            next_id: AtomicU64::new(1),
+        })
+    }
+
+    /// Next request number, for ids like `chatcmpl-<n>`.
+    pub fn next_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Fraction (0..=1) of the KV cache reserved by running requests.
+    pub fn kv_cache_usage(&self) -> f64 {
+        let used = self.kv_tokens_in_use.load(Ordering::Relaxed) as f64;
+        (used / self.kv_cache_tokens as f64).min(1.0)
+    }
+
+    pub fn gauges(&self) -> Gauges {
+        Gauges {
+            running: self.sched.running(),
+            waiting: self.sched.waiting(),
+            max_running_seen: self.sched.max_running_seen(),
+            kv_cache_usage_perc: self.kv_cache_usage(),
+            cached_blocks: self.cache.lock().expect("cache lock").len(),
+        }
+    }
+}
+
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}

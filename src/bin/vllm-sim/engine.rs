@@ -1,0 +1,122 @@
+//! One request's life on the simulated GPU: wait for a batch slot, look up
+//! the prefix cache, prefill, then decode one token per step.
+//!
+//! Cache lookup happens at admission (not arrival), as in vLLM, so two
+//! identical requests that arrive together both miss. The prompt's blocks
+//! are inserted when prefill ends. A `Job` holds its batch slot and KV
+//! reservation until dropped, which is what frees them when a client
+//! disconnects mid-request.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use crate::app::App;
+use crate::batch::RunningGuard;
+use crate::shapes::Usage;
+use crate::timing::pause;
+use crate::tokenize::{block_hashes, count_tokens};
+
+#[derive(Debug)]
+pub struct Job {
+    app: Arc<App>,
+    hashes: Vec<u64>,
+    kv_reserved: usize,
+    pub prompt_tokens: usize,
+    pub cached_tokens: usize,
+    pub output_tokens: usize,
+    _slot: RunningGuard,
+}
+
+/// Waits (FIFO) for a running slot, then queries the prefix cache.
+pub async fn admit(app: &Arc<App>, prompt: &str, output_tokens: usize) -> Job {
+    let prompt_tokens = count_tokens(prompt);
+    let hashes = block_hashes(prompt, app.block_size);
+    let slot = app.sched.admit().await;
+    let hit_blocks = app.cache.lock().expect("cache lock").lookup(&hashes);
+    let cached_tokens = hit_blocks * app.block_size;
+    app.metrics.add_prefix_query(prompt_tokens, cached_tokens);
+    // Reserve whole blocks for prompt + output, as the KV allocator would.
+    let kv_reserved = (prompt_tokens + output_tokens).div_ceil(app.block_size) * app.block_size;
+    app.kv_tokens_in_use
+        .fetch_add(kv_reserved, Ordering::Relaxed);
+    log::debug!(
+        "admitted: prompt {prompt_tokens} tokens, {cached_tokens} cached, {output_tokens} out"
+    );
+    Job {
+        app: Arc::clone(app),
+        hashes,
+        kv_reserved,
+        prompt_tokens,
+        cached_tokens,
+        output_tokens,
+        _slot: slot,
+    }
+}
+
+impl Job {
+    /// Computes the uncached part of the prompt, then caches all its blocks.
+    pub async fn prefill(&self) {
+        let uncached = self.prompt_tokens - self.cached_tokens;
+        pause(
+            self.app
+                .timing
+                .prefill(uncached, self.app.faults.delay_factor()),
+        )
+        .await;
+        self.app
+            .cache
+            .lock()
+            .expect("cache lock")
+            .insert(&self.hashes);
+    }
+
+    /// One decode step; its cost depends on how many requests run now.
+    pub async fn decode_step(&self) {
+        let d = self
+            .app
+            .timing
+            .decode_step(self.app.sched.running(), self.app.faults.delay_factor());
+        pause(d).await;
+    }
+
+    pub fn usage(&self) -> Usage {
+        Usage::new(self.prompt_tokens, self.output_tokens, self.cached_tokens)
+    }
+
+    /// Counts the request as successfully finished.
+    pub fn succeed(self) {
+        self.app.metrics.successes.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        self.app
+            .kv_tokens_in_use
+            .fetch_sub(self.kv_reserved, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Args;
+    use clap::Parser;
+
+    #[tokio::test]
+    async fn second_identical_request_hits_after_prefill() {
+        let app = App::new(&Args::parse_from(["vllm-sim", "--time-scale", "0"]));
+        let prompt = "p".repeat(40 * 4); // 40 tokens -> 2 full blocks
+        let a = admit(&app, &prompt, 3).await;
+        assert_eq!((a.prompt_tokens, a.cached_tokens), (40, 0));
+        assert!(app.kv_cache_usage() > 0.0);
+        a.prefill().await;
+        a.succeed();
+        assert_eq!(app.kv_cache_usage(), 0.0);
+        let b = admit(&app, &prompt, 3).await;
+        assert_eq!(b.cached_tokens, 32);
+        assert_eq!(b.usage(), Usage::new(40, 3, 32));
+        assert_eq!(app.metrics.cached_tokens.load(Ordering::Relaxed), 32);
+        assert_eq!(app.metrics.prompt_tokens.load(Ordering::Relaxed), 80);
+    }
+}

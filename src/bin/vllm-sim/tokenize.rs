@@ -1,0 +1,161 @@
+//! Deterministic fake tokenizer and block hashing.
+//!
+//! Tokenization rule: every 4 bytes of the UTF-8 prompt text are one token,
+//! and a trailing partial group of 1-3 bytes counts as one more token, so
+//! `tokens = ceil(bytes / 4)`. Tokens may split a multi-byte character; that
+//! is fine because nothing is ever decoded back.
+//!
+//! Prompt text: for chat requests, `<role>\n<content>\n` for each message in
+//! order (array content joins the `text` parts); for completions the `prompt`
+//! string, or an array of strings joined with nothing in between.
+//!
+//! Blocks: tokens are cut into blocks of `block_size` tokens; only full blocks
+//! get a hash. Hashes are chained so a block's identity includes everything
+//! before it: `h_i = xxh3_64(h_{i-1} as 8 LE bytes ‖ block bytes)`, `h_{-1} = 0`.
+
+use serde_json::Value;
+use xxhash_rust::xxh3::xxh3_64;
+
+/// Bytes per simulated token.
+pub const BYTES_PER_TOKEN: usize = 4;
+
+/// Number of tokens in `text` (last partial token counts as one).
+pub fn count_tokens(text: &str) -> usize {
+    text.len().div_ceil(BYTES_PER_TOKEN)
+}
+
+/// Chained hashes of all full blocks of `text`, first block first.
+pub fn block_hashes(text: &str, block_size: usize) -> Vec<u64> {
+    let bytes = text.as_bytes();
+    let full_blocks = count_tokens(text) / block_size;
+    let block_bytes = block_size * BYTES_PER_TOKEN;
+    let mut prev: u64 = 0;
+    let mut out = Vec::with_capacity(full_blocks);
+    let mut buf = Vec::with_capacity(8 + block_bytes);
+    for i in 0..full_blocks {
+        // The last full block may end in a partial token, hence the min().
+        let end = ((i + 1) * block_bytes).min(bytes.len());
+        buf.clear();
+        buf.extend_from_slice(&prev.to_le_bytes());
+        buf.extend_from_slice(&bytes[i * block_bytes..end]);
+        prev = xxh3_64(&buf);
+        out.push(prev);
+    }
+    out
+}
+
+/// Why a request body has no usable prompt.
+#[derive(Debug, PartialEq, Eq)]
+pub struct PromptError(pub String);
+
+/// Prompt text of a chat request: `<role>\n<content>\n` per message.
+pub fn chat_prompt(body: &Value) -> Result<String, PromptError> {
+    let messages = body
+        .get("messages")
+        .and_then(Value::as_array)
+        .ok_or_else(|| PromptError("'messages' must be a non-empty array".into()))?;
+    if messages.is_empty() {
+        return Err(PromptError("'messages' must be a non-empty array".into()));
+    }
+    let mut text = String::new();
+    for m in messages {
+        let role = m
+            .get("role")
+            .and_then(Value::as_str)
+            .ok_or_else(|| PromptError("each message needs a string 'role'".into()))?;
+        text.push_str(role);
+        text.push('\n');
+        match m.get("content") {
+            None | Some(Value::Null) => {}
+            Some(Value::String(s)) => text.push_str(s),
+            Some(Value::Array(parts)) => {
+                // Only text parts reach the tokenizer; other part types are ignored.
+                for p in parts {
+                    if let Some(t) = p.get("text").and_then(Value::as_str) {
+                        text.push_str(t);
+                    }
+                }
+            }
+            Some(_) => {
+                return Err(PromptError(
+                    "message 'content' must be a string or an array".into(),
+                ))
+            }
+        }
+        text.push('\n');
+    }
+    Ok(text)
+}
+
+/// Prompt text of a completions request: the string, or strings joined.
+pub fn completion_prompt(body: &Value) -> Result<String, PromptError> {
+    match body.get("prompt") {
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(Value::Array(items)) if !items.is_empty() => {
+            let mut text = String::new();
+            for it in items {
+                let s = it
+                    .as_str()
+                    .ok_or_else(|| PromptError("'prompt' array must hold strings".into()))?;
+                text.push_str(s);
+            }
+            Ok(text)
+        }
+        _ => Err(PromptError(
+            "'prompt' must be a string or an array of strings".into(),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn four_bytes_per_token_and_partial_counts() {
+        assert_eq!(count_tokens(""), 0);
+        assert_eq!(count_tokens("abc"), 1);
+        assert_eq!(count_tokens("abcd"), 1);
+        assert_eq!(count_tokens("abcde"), 2);
+        // 'é' is 2 bytes in UTF-8: 4 of them are 8 bytes = 2 tokens.
+        assert_eq!(count_tokens("éééé"), 2);
+    }
+
+    #[test]
+    fn only_full_blocks_are_hashed_and_chained() {
+        let text = "x".repeat(40 * 4); // 40 tokens
+        let h = block_hashes(&text, 16);
+        assert_eq!(h.len(), 2);
+        // Same content at a different position hashes differently (chaining).
+        assert_ne!(h[0], h[1]);
+        let mut buf = 0u64.to_le_bytes().to_vec();
+        buf.extend_from_slice(&text.as_bytes()[..64]);
+        assert_eq!(h[0], xxh3_64(&buf));
+    }
+
+    #[test]
+    fn chat_prompt_concatenates_role_and_content() {
+        let body = json!({"messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": [{"type": "text", "text": "hi "}, {"type": "image_url"}, {"type": "text", "text": "there"}]}
+        ]});
+        assert_eq!(
+            chat_prompt(&body).unwrap(),
+            "system\nbe brief\nuser\nhi there\n"
+        );
+        assert!(chat_prompt(&json!({"messages": []})).is_err());
+        assert!(chat_prompt(&json!({})).is_err());
+    }
+
+    #[test]
+    fn completion_prompt_accepts_string_or_array() {
+        assert_eq!(completion_prompt(&json!({"prompt": "ab"})).unwrap(), "ab");
+        assert_eq!(
+            completion_prompt(&json!({"prompt": ["a", "b"]})).unwrap(),
+            "ab"
+        );
+        assert!(completion_prompt(&json!({"prompt": [1]})).is_err());
+        assert!(completion_prompt(&json!({})).is_err());
+    }
+}
