@@ -10,6 +10,8 @@ use pingora::http::ResponseHeader;
 pub enum ApiError {
     #[error("{0}")]
     BadRequest(String),
+    #[error("a valid API key is required: Authorization: Bearer <key>")]
+    Unauthorized,
     #[error("request body is larger than the limit of {limit} bytes")]
     TooLarge { limit: usize },
     #[error("chunked request bodies over {limit} bytes cannot be forwarded; send Content-Length")]
@@ -37,6 +39,7 @@ impl ApiError {
     pub fn status(&self) -> u16 {
         match self {
             ApiError::BadRequest(_) => 400,
+            ApiError::Unauthorized => 401,
             ApiError::TooLarge { .. } | ApiError::ChunkedTooLarge { .. } => 413,
             ApiError::UnknownModel(_) | ApiError::NotFound { .. } => 404,
             ApiError::NoBackend { .. }
@@ -51,6 +54,7 @@ impl ApiError {
     fn kind(&self) -> (&'static str, &'static str) {
         match self {
             ApiError::BadRequest(_) => ("invalid_request_error", "invalid_body"),
+            ApiError::Unauthorized => ("invalid_request_error", "invalid_api_key"),
             ApiError::TooLarge { .. } | ApiError::ChunkedTooLarge { .. } => {
                 ("invalid_request_error", "body_too_large")
             }
@@ -92,6 +96,9 @@ impl ApiError {
         let mut header = json_header(self.status(), body.len());
         if let Some(secs) = self.retry_after() {
             let _ = header.insert_header("Retry-After", secs.to_string());
+        }
+        if let ApiError::Unauthorized = self {
+            let _ = header.insert_header("WWW-Authenticate", "Bearer");
         }
         (header, body)
     }

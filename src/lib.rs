@@ -5,9 +5,12 @@
 
 pub mod accounting;
 pub mod admission;
+pub mod auth;
 pub mod body;
 pub mod config;
 pub mod errors;
+pub mod exclusion;
+pub mod health;
 pub mod metrics;
 pub mod pool;
 pub mod proxy;

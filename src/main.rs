@@ -41,7 +41,8 @@ fn main() -> ExitCode {
 
     let listen = config.listen.clone();
     let metrics_listen = config.metrics_listen;
-    let mut proxy = http_proxy_service(&server.configuration, Gateway::new(config));
+    let (gateway, health_checks) = Gateway::new(config);
+    let mut proxy = http_proxy_service(&server.configuration, gateway);
     for addr in listen {
         proxy.add_tcp(&addr.to_string());
     }
@@ -49,5 +50,8 @@ fn main() -> ExitCode {
     metrics.add_tcp(&metrics_listen.to_string());
     server.add_service(proxy);
     server.add_service(metrics);
+    for service in health_checks {
+        server.add_service(service);
+    }
     server.run_forever()
 }

@@ -162,7 +162,7 @@ impl Collector for ExclusionCollector {
                 let g: IntGauge = self
                     .gauge
                     .with_label_values(&[&pool.name, &addr.to_string()]);
-                g.set(i64::from(pool.is_excluded(addr, now)));
+                g.set(i64::from(pool.exclusions().is_excluded(addr, now)));
             }
         }
         self.gauge.collect()

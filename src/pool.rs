@@ -1,22 +1,24 @@
-//! One model's backends: a Pingora `LoadBalancer` over [`CacheAffinity`],
-//! the failure exclusion window (CAG-3 AC4) and each backend's admission.
+//! One model's backends: a Pingora `LoadBalancer` over [`CacheAffinity`]
+//! (with its optional health check), the failure exclusion window (CAG-3
+//! AC4) and each backend's admission.
 //!
 //! A backend that failed is left out of routing for the window; requests go
-//! to the next backend in their ranking meanwhile. Exclusion is lock-free:
-//! one atomic deadline per backend.
+//! to the next backend in their ranking meanwhile.
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 use pingora::lb::discovery::Static;
 use pingora::lb::{Backend, Backends, LoadBalancer};
+use pingora::services::background::{background_service, GenBackgroundService};
 
 use crate::admission::Admission;
-use crate::config::ModelConfig;
+use crate::config::{HealthCheckConfig, ModelConfig};
+use crate::exclusion::Exclusions;
+use crate::health::RestoreOnHealthy;
 use crate::metrics;
 use crate::selection::CacheAffinity;
 
@@ -50,33 +52,49 @@ pub struct Pick {
     pub route: Route,
 }
 
+/// The background service that runs a pool's health checks.
+pub type HealthService = GenBackgroundService<LoadBalancer<CacheAffinity>>;
+
 pub struct ModelPool {
     pub name: String,
-    lb: LoadBalancer<CacheAffinity>,
+    lb: Arc<LoadBalancer<CacheAffinity>>,
     /// The configured order, for reporting.
     addrs: Vec<SocketAddr>,
-    /// Deadline per backend, in ms since `epoch`; 0 when not excluded.
-    excluded_until: HashMap<SocketAddr, AtomicU64>,
+    exclusions: Arc<Exclusions>,
     admissions: HashMap<SocketAddr, Arc<Admission>>,
-    epoch: Instant,
-    window: Duration,
 }
 
 impl ModelPool {
-    pub fn new(model: &ModelConfig, window: Duration) -> Self {
+    /// The pool, and the service to run for its health checks if configured.
+    pub fn new(
+        model: &ModelConfig,
+        window: Duration,
+        health: Option<&HealthCheckConfig>,
+    ) -> (Self, Option<HealthService>) {
         let set: BTreeSet<Backend> = model
             .backends
             .iter()
             .map(|b| Backend::new_with_weight(&b.addr.to_string(), b.weight as usize))
             .collect::<Result<_, _>>()
             .expect("addresses were validated as socket addresses");
-        let lb = LoadBalancer::from_backends(Backends::new(Static::new(set)));
+        let mut lb = LoadBalancer::from_backends(Backends::new(Static::new(set)));
         // Static discovery never awaits: this completes on the first poll.
         lb.update()
             .now_or_never()
             .expect("static discovery is immediate")
             .expect("static discovery cannot fail");
         let addrs: Vec<SocketAddr> = model.backends.iter().map(|b| b.addr).collect();
+        let exclusions = Arc::new(Exclusions::new(&addrs, window));
+        let (lb, service) = match health {
+            None => (Arc::new(lb), None),
+            Some(hc) => {
+                let check = RestoreOnHealthy::new(hc, &model.name, exclusions.clone());
+                lb.set_health_check(Box::new(check));
+                lb.health_check_frequency = Some(hc.interval);
+                let service = background_service(&format!("health check {}", model.name), lb);
+                (service.task(), Some(service))
+            }
+        };
         let admissions = addrs
             .iter()
             .map(|a| {
@@ -86,15 +104,14 @@ impl ModelPool {
                 (*a, Admission::new(model.limits, gauges))
             })
             .collect();
-        ModelPool {
+        let pool = ModelPool {
             name: model.name.clone(),
             lb,
-            excluded_until: addrs.iter().map(|a| (*a, AtomicU64::new(0))).collect(),
+            exclusions,
             admissions,
             addrs,
-            epoch: Instant::now(),
-            window,
-        }
+        };
+        (pool, service)
     }
 
     /// The usable backends for a request with cache key `key` (empty: none),
@@ -111,9 +128,11 @@ impl ModelPool {
         // collect every usable one in a RefCell and accept none.
         let usable = std::cell::RefCell::new(Vec::with_capacity(self.addrs.len()));
         let passed_over = std::cell::Cell::new(0usize);
-        self.lb.select_with(key, self.addrs.len(), |b, healthy| {
+        // The health check's verdict is not used to exclude: a slow /health
+        // on a busy backend must not take it out. Only real failures do.
+        self.lb.select_with(key, self.addrs.len(), |b, _healthy| {
             match b.as_inet() {
-                Some(a) if healthy && !skip.contains(a) && !self.is_excluded(a, now) => {
+                Some(a) if !skip.contains(a) && !self.exclusions.is_excluded(a, now) => {
                     usable.borrow_mut().push((*a, passed_over.get()));
                 }
                 _ => passed_over.set(passed_over.get() + 1),
@@ -122,7 +141,7 @@ impl ModelPool {
         });
         let usable = usable.into_inner();
         if usable.is_empty() {
-            return Err(self.retry_after(now));
+            return Err(self.exclusions.retry_after(now));
         }
         Ok(usable
             .into_iter()
@@ -144,45 +163,13 @@ impl ModelPool {
         &self.admissions[addr]
     }
 
-    /// Leave `addr` out of routing for the exclusion window from `now`.
-    /// Returns true when it was not excluded before (a new exclusion).
-    pub fn exclude(&self, addr: SocketAddr, now: Instant) -> bool {
-        let Some(until) = self.excluded_until.get(&addr) else {
-            return false;
-        };
-        let was_excluded = self.is_excluded(&addr, now);
-        let deadline = self.millis(now + self.window);
-        until.fetch_max(deadline, Ordering::Relaxed);
-        !was_excluded
-    }
-
-    pub fn is_excluded(&self, addr: &SocketAddr, now: Instant) -> bool {
-        self.remaining(addr, now).is_some()
-    }
-
-    /// Time left in `addr`'s exclusion, if it is excluded.
-    pub fn remaining(&self, addr: &SocketAddr, now: Instant) -> Option<Duration> {
-        let until = self.excluded_until.get(addr)?.load(Ordering::Relaxed);
-        let now = self.millis(now);
-        (until > now).then(|| Duration::from_millis(until - now))
-    }
-
-    /// The time until the earliest excluded backend returns (zero if none is).
-    pub fn retry_after(&self, now: Instant) -> Duration {
-        self.addrs
-            .iter()
-            .filter_map(|a| self.remaining(a, now))
-            .min()
-            .unwrap_or_default()
+    /// The exclusion state of this pool's backends.
+    pub fn exclusions(&self) -> &Exclusions {
+        &self.exclusions
     }
 
     pub fn addrs(&self) -> &[SocketAddr] {
         &self.addrs
-    }
-
-    fn millis(&self, t: Instant) -> u64 {
-        // +1 keeps 0 free to mean "not excluded".
-        t.saturating_duration_since(self.epoch).as_millis() as u64 + 1
     }
 }
 
@@ -214,7 +201,7 @@ mod tests {
                 max_queue_depth: 20,
             },
         };
-        ModelPool::new(&model, Duration::from_secs(30))
+        ModelPool::new(&model, Duration::from_secs(30), None).0
     }
 
     #[test]
@@ -233,13 +220,15 @@ mod tests {
         let p = pool(4);
         let now = Instant::now();
         let first = best(&p, b"k1", &[], now).unwrap().addr;
-        assert!(p.exclude(first, now));
-        assert!(!p.exclude(first, now), "already excluded");
+        assert!(p.exclusions().exclude(first, now));
+        assert!(!p.exclusions().exclude(first, now), "already excluded");
         let fb = best(&p, b"k1", &[], now).unwrap();
         assert_ne!(fb.addr, first);
         assert_eq!(fb.route, Route::Fallback);
         // Still out just before the window ends, back right after.
-        assert!(p.is_excluded(&first, now + Duration::from_millis(29_900)));
+        assert!(p
+            .exclusions()
+            .is_excluded(&first, now + Duration::from_millis(29_900)));
         let later = now + Duration::from_secs(31);
         assert_eq!(best(&p, b"k1", &[], later).unwrap().addr, first);
     }
@@ -248,8 +237,9 @@ mod tests {
     fn all_excluded_reports_the_earliest_return() {
         let p = pool(2);
         let now = Instant::now();
-        p.exclude(p.addrs()[0], now);
-        p.exclude(p.addrs()[1], now + Duration::from_secs(10));
+        p.exclusions().exclude(p.addrs()[0], now);
+        p.exclusions()
+            .exclude(p.addrs()[1], now + Duration::from_secs(10));
         let wait = best(&p, b"", &[], now + Duration::from_secs(10)).unwrap_err();
         assert!(wait <= Duration::from_secs(20) && wait > Duration::from_secs(19));
     }

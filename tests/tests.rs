@@ -7,5 +7,6 @@ mod admission;
 mod bodies;
 mod config_check;
 mod failover;
+mod operations;
 mod routing;
 mod streaming;

@@ -30,11 +30,49 @@ pub struct GatewayFile {
     /// Default true.
     #[serde(default = "default_stream_usage")]
     pub stream_usage: bool,
+    /// Longest wait for the backend: its response header, or the next
+    /// chunk of its body. Past it: 504 (or the stream is cut). Default
+    /// 300000; a non-streamed completion sends nothing until it is done.
+    #[serde(default = "default_read_timeout_ms")]
+    pub read_timeout_ms: u64,
+    /// Optional active health checks (see `health.rs`).
+    pub health_check: Option<HealthCheckFile>,
+    /// Optional API keys.
+    #[serde(default)]
+    pub auth: AuthFile,
     #[serde(default)]
     pub scheduler: SchedulerFile,
     #[serde(default)]
     pub warmup: WarmupFile,
     pub models: Vec<ModelFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HealthCheckFile {
+    /// Probed with GET. Default `/health` (vLLM's).
+    #[serde(default = "default_health_path")]
+    pub path: String,
+    /// Default 1000.
+    #[serde(default = "default_health_interval_ms")]
+    pub interval_ms: u64,
+    /// Connect and read timeout of a probe. Default 1000.
+    #[serde(default = "default_health_timeout_ms")]
+    pub timeout_ms: u64,
+    /// Healthy answers in a row that end an exclusion. Default 1.
+    #[serde(default = "default_consecutive_ok")]
+    pub consecutive_ok: u64,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthFile {
+    /// One API key, or its SHA-256 in hex, per line. When set, requests need
+    /// `Authorization: Bearer <key>`. Default: no authentication.
+    pub api_keys_file: Option<String>,
+    /// Sent upstream as `Authorization: Bearer <key>` (vLLM's `--api-key`).
+    /// Default: the client's Authorization is removed.
+    pub upstream_api_key: Option<String>,
 }
 
 /// Per-backend admission (CAG-2). The environment overrides these.
@@ -165,4 +203,19 @@ fn default_warmup_delay_ms() -> u64 {
 }
 fn default_stream_usage() -> bool {
     true
+}
+fn default_read_timeout_ms() -> u64 {
+    300_000
+}
+fn default_health_path() -> String {
+    "/health".into()
+}
+fn default_health_interval_ms() -> u64 {
+    1000
+}
+fn default_health_timeout_ms() -> u64 {
+    1000
+}
+fn default_consecutive_ok() -> u64 {
+    1
 }

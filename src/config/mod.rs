@@ -16,8 +16,9 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::admission::Limits;
+use crate::auth::ApiKeys;
 pub use file::Overflow;
-use file::{AddressFile, GatewayFile, ModelFile, OneOrMany};
+use file::{AddressFile, GatewayFile, HealthCheckFile, ModelFile, OneOrMany};
 
 /// The validated gateway configuration.
 #[derive(Debug, Clone)]
@@ -27,11 +28,24 @@ pub struct GatewayConfig {
     pub failure_exclusion: Duration,
     pub max_request_body_bytes: usize,
     pub connect_timeout: Duration,
+    pub read_timeout: Duration,
+    pub health_check: Option<HealthCheckConfig>,
+    /// Keys clients must present; none: no authentication.
+    pub api_keys: Option<ApiKeys>,
+    pub upstream_api_key: Option<String>,
     pub stream_usage: bool,
     pub queue_timeout: Duration,
     pub overflow: Overflow,
     pub warmup: WarmupConfig,
     pub models: Vec<ModelConfig>,
+}
+
+#[derive(Debug, Clone)]
+pub struct HealthCheckConfig {
+    pub path: String,
+    pub interval: Duration,
+    pub timeout: Duration,
+    pub consecutive_ok: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -81,6 +95,7 @@ const MAX_NUM_SEQS: u64 = 4096;
 const MAX_QUEUE_DEPTH: u64 = 100_000;
 const MAX_QUEUE_TIMEOUT_MS: u64 = 3_600_000;
 const MAX_WARMUP_DELAY_MS: u64 = 60_000;
+const MAX_READ_TIMEOUT_MS: u64 = 3_600_000;
 
 type Field = fn(&mut GatewayFile) -> &mut u64;
 
@@ -235,6 +250,40 @@ fn validate(file: GatewayFile) -> Result<GatewayConfig, ConfigError> {
         MAX_CONNECT_TIMEOUT_MS,
     )?;
 
+    let read_timeout = in_range(
+        "gateway.read_timeout_ms",
+        file.read_timeout_ms,
+        1,
+        MAX_READ_TIMEOUT_MS,
+    )?;
+    let health_check = file.health_check.map(validate_health_check).transpose()?;
+    let api_keys = match &file.auth.api_keys_file {
+        None => None,
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                invalid(
+                    "gateway.auth.api_keys_file",
+                    path,
+                    &format!("cannot read: {e}"),
+                )
+            })?;
+            Some(
+                ApiKeys::parse(&text)
+                    .map_err(|e: String| invalid("gateway.auth.api_keys_file", path, &e))?,
+            )
+        }
+    };
+    let upstream_api_key = file.auth.upstream_api_key;
+    if let Some(key) = &upstream_api_key {
+        if key.is_empty() || http::HeaderValue::from_str(&format!("Bearer {key}")).is_err() {
+            // The key itself is a secret: never echo it.
+            return Err(invalid(
+                "gateway.auth.upstream_api_key",
+                "(hidden)",
+                "must be non-empty printable ASCII",
+            ));
+        }
+    }
     let sched = &file.scheduler;
     let default_limits = Limits {
         max_num_seqs: in_range(
@@ -287,6 +336,10 @@ fn validate(file: GatewayFile) -> Result<GatewayConfig, ConfigError> {
         failure_exclusion: Duration::from_secs(exclusion),
         max_request_body_bytes: body as usize,
         connect_timeout: Duration::from_millis(connect),
+        read_timeout: Duration::from_millis(read_timeout),
+        health_check,
+        api_keys,
+        upstream_api_key,
         stream_usage: file.stream_usage,
         queue_timeout: Duration::from_millis(queue_timeout),
         overflow: sched.overflow,
@@ -295,6 +348,34 @@ fn validate(file: GatewayFile) -> Result<GatewayConfig, ConfigError> {
             vllm_priority: file.warmup.vllm_priority,
         },
         models,
+    })
+}
+
+fn validate_health_check(h: HealthCheckFile) -> Result<HealthCheckConfig, ConfigError> {
+    let at = "gateway.health_check";
+    if !h.path.starts_with('/') || http::uri::PathAndQuery::try_from(h.path.as_str()).is_err() {
+        return Err(invalid(
+            format!("{at}.path"),
+            &h.path,
+            "must be a path starting with /",
+        ));
+    }
+    Ok(HealthCheckConfig {
+        interval: Duration::from_millis(in_range(
+            &format!("{at}.interval_ms"),
+            h.interval_ms,
+            100,
+            600_000,
+        )?),
+        timeout: Duration::from_millis(in_range(
+            &format!("{at}.timeout_ms"),
+            h.timeout_ms,
+            1,
+            60_000,
+        )?),
+        consecutive_ok: in_range(&format!("{at}.consecutive_ok"), h.consecutive_ok, 1, 100)?
+            as usize,
+        path: h.path,
     })
 }
 

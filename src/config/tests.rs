@@ -204,3 +204,65 @@ fn bad_scheduler_fields_are_named() {
     let got = err("gateway:\n  models: [{name: m, address: \"127.0.0.1:1\", max_num_seqs: 0}]\n");
     assert!(got.contains("gateway.models[0].max_num_seqs = 0"), "{got}");
 }
+
+#[test]
+fn health_check_auth_and_read_timeout() {
+    let c = GatewayConfig::from_yaml(MINIMAL).unwrap();
+    assert!(c.health_check.is_none() && c.api_keys.is_none() && c.upstream_api_key.is_none());
+    assert_eq!(c.read_timeout, Duration::from_secs(300));
+    let c = GatewayConfig::from_yaml(&format!(
+        "{MINIMAL}  health_check: {{}}\n  read_timeout_ms: 5000\n"
+    ))
+    .unwrap();
+    let h = c.health_check.unwrap();
+    assert_eq!(
+        (h.path.as_str(), h.interval, h.timeout, h.consecutive_ok),
+        ("/health", Duration::from_secs(1), Duration::from_secs(1), 1)
+    );
+    assert_eq!(c.read_timeout, Duration::from_secs(5));
+
+    let dir = std::env::temp_dir().join(format!("poimen-config-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let keys = dir.join("keys");
+    std::fs::write(&keys, "k1\n").unwrap();
+    let c = GatewayConfig::from_yaml(&format!(
+        "{MINIMAL}  auth: {{api_keys_file: \"{}\"}}\n",
+        keys.display()
+    ))
+    .unwrap();
+    assert!(c.api_keys.unwrap().allows(Some(b"Bearer k1")));
+    std::fs::write(&keys, "# none\n").unwrap();
+    for (extra, want) in [
+        (
+            format!("  auth: {{api_keys_file: \"{}\"}}\n", keys.display()),
+            "gateway.auth.api_keys_file".to_string(),
+        ),
+        (
+            "  auth: {api_keys_file: /nonexistent/keys}\n".into(),
+            "gateway.auth.api_keys_file = \"/nonexistent/keys\": cannot read".into(),
+        ),
+        (
+            "  auth: {upstream_api_key: \"\"}\n".into(),
+            "gateway.auth.upstream_api_key = \"(hidden)\"".into(),
+        ),
+        (
+            "  health_check: {path: health}\n".into(),
+            "gateway.health_check.path = \"health\"".into(),
+        ),
+        (
+            "  health_check: {interval_ms: 1}\n".into(),
+            "gateway.health_check.interval_ms = 1".into(),
+        ),
+        (
+            "  health_check: {consecutive_ok: 0}\n".into(),
+            "gateway.health_check.consecutive_ok = 0".into(),
+        ),
+        (
+            "  read_timeout_ms: 0\n".into(),
+            "gateway.read_timeout_ms = 0".into(),
+        ),
+    ] {
+        let got = err(&format!("{MINIMAL}{extra}"));
+        assert!(got.contains(&want), "got {got}, want {want}");
+    }
+}

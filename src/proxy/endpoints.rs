@@ -35,7 +35,7 @@ pub fn health<'a>(pools: impl Iterator<Item = &'a ModelPool>, now: Instant) -> (
             let backends: Vec<Value> = pool
                 .addrs()
                 .iter()
-                .map(|addr| match pool.remaining(addr, now) {
+                .map(|addr| match pool.exclusions().remaining(addr, now) {
                     Some(left) => json!({
                         "address": addr.to_string(),
                         "state": "excluded",

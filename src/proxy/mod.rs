@@ -41,7 +41,7 @@ use crate::body;
 use crate::config::GatewayConfig;
 use crate::errors::ApiError;
 use crate::metrics;
-use crate::pool::{ModelPool, Pick};
+use crate::pool::{HealthService, ModelPool, Pick};
 use endpoints::Endpoint;
 use respond::{respond, respond_json, Stop};
 
@@ -87,24 +87,26 @@ impl RequestCtx {
 }
 
 impl Gateway {
-    pub fn new(config: GatewayConfig) -> Self {
-        let pools: HashMap<String, Arc<ModelPool>> = config
-            .models
-            .iter()
-            .map(|m| {
-                let pool = ModelPool::new(m, config.failure_exclusion);
-                (m.name.clone(), Arc::new(pool))
-            })
-            .collect();
+    /// The gateway, and the health-check services to run beside it.
+    pub fn new(config: GatewayConfig) -> (Self, Vec<HealthService>) {
+        let mut services = Vec::new();
+        let mut pools = HashMap::new();
+        for m in &config.models {
+            let (pool, health) =
+                ModelPool::new(m, config.failure_exclusion, config.health_check.as_ref());
+            pools.insert(m.name.clone(), Arc::new(pool));
+            services.extend(health);
+        }
         let started = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
         metrics::register_exclusions(pools.values().cloned().collect());
-        Gateway {
+        let gateway = Gateway {
             config: Arc::new(config),
             pools,
             started,
-        }
+        };
+        (gateway, services)
     }
 
     /// Pools in configuration order.
@@ -154,7 +156,7 @@ impl Gateway {
         metrics::BACKEND_FAILURES
             .with_label_values(&[&pool.name, &backend])
             .inc();
-        if pool.exclude(pick.addr, Instant::now()) {
+        if pool.exclusions().exclude(pick.addr, Instant::now()) {
             warn!(
                 "{}",
                 serde_json::json!({
@@ -198,7 +200,16 @@ impl ProxyHttp for Gateway {
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
         ctx.started = Some(Instant::now());
         let req = session.req_header();
-        match endpoints::classify(&req.method, req.uri.path()) {
+        let endpoint = endpoints::classify(&req.method, req.uri.path());
+        if let (Some(keys), false) = (&self.config.api_keys, endpoint == Endpoint::Health) {
+            // Before anything is read or queued.
+            let authorization = req.headers.get(http::header::AUTHORIZATION);
+            if !keys.allows(authorization.map(|v| v.as_bytes())) {
+                respond(session, ApiError::Unauthorized.response()).await;
+                return Ok(true);
+            }
+        }
+        match endpoint {
             Endpoint::Proxy => {}
             Endpoint::Health => {
                 let (ok, body) = endpoints::health(self.pools_in_order(), Instant::now());
@@ -259,6 +270,8 @@ impl ProxyHttp for Gateway {
         ctx.tried.push(pick.addr);
         let mut peer = HttpPeer::new(pick.addr, false, String::new());
         peer.options.connection_timeout = Some(self.config.connect_timeout);
+        // Both the wait for the response header and for each body chunk.
+        peer.options.read_timeout = Some(self.config.read_timeout);
         Ok(Box::new(peer))
     }
 
@@ -271,7 +284,13 @@ impl ProxyHttp for Gateway {
         if let (true, Some(body)) = (ctx.body_rewritten, &ctx.body) {
             upstream.insert_header(http::header::CONTENT_LENGTH, body.len().to_string())?;
         }
-        headers::rewrite_upstream(upstream, ctx.warmup, self.config.warmup.vllm_priority)
+        headers::rewrite_upstream(upstream, ctx.warmup, self.config.warmup.vllm_priority)?;
+        // The client's credentials are for the gateway, not for vLLM.
+        upstream.remove_header(&http::header::AUTHORIZATION);
+        if let Some(key) = &self.config.upstream_api_key {
+            upstream.insert_header(http::header::AUTHORIZATION, format!("Bearer {key}"))?;
+        }
+        Ok(())
     }
 
     async fn request_body_filter(
@@ -349,10 +368,15 @@ impl ProxyHttp for Gateway {
 
     async fn response_filter(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         response: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
+        if session.is_process_shutting_down() {
+            // A graceful upgrade is under way: send keep-alive clients to the
+            // new process for their next request.
+            session.set_keepalive(None);
+        }
         if let Some(pick) = &ctx.pick {
             response.insert_header("X-Poimen-Backend", pick.addr.to_string())?;
             response.insert_header("X-Poimen-Route", pick.route.as_str())?;

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs what the benchmarks under bench/ need on a fresh Debian machine,
+# idempotently (only what is missing):
+#   Debian: nginx (proxy under comparison and the near-free fake backends),
+#           wrk (saturated HTTP load), procps (ps, for ad-hoc checks)
+#   PyPI:   aiohttp (paced / SSE / routing / overload clients), matplotlib (chart)
+# The gateway itself needs what scripts/setup.sh installs (cmake, a C toolchain).
+# Installing nginx does not start the distribution's nginx service when
+# policy-rc.d forbids it (containers); if it did start one, nothing here uses
+# port 80 anyway: every bench starts its own nginx with its own config.
+set -euo pipefail
+
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+
+need=()
+command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || need+=(nginx)
+command -v wrk >/dev/null || need+=(wrk)
+command -v ps >/dev/null || need+=(procps)
+if [ ${#need[@]} -gt 0 ]; then
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}"
+fi
+
+pyneed=()
+python3 -c 'import aiohttp' 2>/dev/null || pyneed+=(aiohttp)
+python3 -c 'import matplotlib' 2>/dev/null || pyneed+=(matplotlib)
+if [ ${#pyneed[@]} -gt 0 ]; then
+  python3 -m pip install -q --disable-pip-version-check "${pyneed[@]}" ||
+    python3 -m pip install -q --disable-pip-version-check --break-system-packages "${pyneed[@]}"
+fi
+
+nginx_bin=$(command -v nginx || echo /usr/sbin/nginx)
+echo "bench setup: ok ($($nginx_bin -v 2>&1), $(wrk -v 2>&1 | head -1 | awk '{print $1, $2}'), aiohttp $(python3 -c 'import aiohttp; print(aiohttp.__version__)'), matplotlib $(python3 -c 'import matplotlib; print(matplotlib.__version__)'))"
