@@ -4,9 +4,11 @@ mod support;
 
 mod accounting;
 mod admission;
+mod bad_input;
 mod bodies;
 mod config_check;
 mod failover;
+mod fuzz;
 mod operations;
 mod routing;
 mod streaming;

@@ -1,0 +1,584 @@
+#!/usr/bin/env python3
+"""Data-plane overhead of poimen-gateway, side by side with nginx and with no
+proxy at all, in one run with interleaved rounds. Entry point: run.sh.
+
+Parts (all on 127.0.0.1, every process started here is stopped at the end):
+  1. saturated: wrk (2 threads, 32 connections, chat.lua: ~2 KB chat bodies,
+     "model" last, 64 keys in X-Poimen-Cache-Key) for DURATION s per round,
+     ROUNDS rounds x {direct, nginx, gateway, gateway-quiet}; backends: one
+     nginx (1 worker) answering a fixed chat-completion JSON on 4 ports.
+     Reports req/s, p50/p99 latency and the proxy's CPU us per request
+     (utime+stime from /proc/<pid>/stat over the run / requests completed).
+  2. paced: wrk + paced.lua (delay()) at ~RATE req/s, latency vs direct.
+  3. SSE: vllm-sim x4 with --time-scale 0 streaming; time to first byte
+     (first SSE event) direct vs nginx vs gateway, sequential requests.
+  4. RSS: a fresh gateway idle, then with STREAMS open SSE streams through it
+     to 4 slow vllm-sim instances.
+Writes bench/results/overhead.md (or --out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import common as C  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+FAKE_MODEL = "bench-model"
+FAST_MODEL = "sim-fast"
+SLOW_MODEL = "sim-slow"
+
+FAKE_BODY = ('{"id":"chatcmpl-bench","object":"chat.completion","created":1700000000,'
+             '"model":"bench-model","choices":[{"index":0,"message":{"role":"assistant",'
+             '"content":" tok tok tok tok tok tok tok tok tok tok tok tok tok tok tok tok"},'
+             '"logprobs":null,"finish_reason":"length","stop_reason":null}],'
+             '"usage":{"prompt_tokens":512,"total_tokens":528,"completion_tokens":16,'
+             '"prompt_tokens_details":{"cached_tokens":496}}}')
+
+
+# --------------------------------------------------------------------------
+# nginx configs
+
+
+def nginx_common(wd: Path, name: str, workers: int) -> str:
+    user = "user root;\n" if os.geteuid() == 0 else ""
+    tmp = wd / f"{name}-tmp"
+    tmp.mkdir(exist_ok=True)
+    return f"""{user}worker_processes {workers};
+daemon off;
+pid {wd}/{name}.pid;
+error_log {wd}/{name}-error.log warn;
+worker_rlimit_nofile 65536;
+events {{ worker_connections 16384; }}
+http {{
+  access_log off;
+  keepalive_requests 1000000;
+  keepalive_timeout 120s;
+  client_body_temp_path {tmp}/body;
+  proxy_temp_path {tmp}/proxy;
+  fastcgi_temp_path {tmp}/fastcgi;
+  uwsgi_temp_path {tmp}/uwsgi;
+  scgi_temp_path {tmp}/scgi;
+"""
+
+
+def backends_conf(wd: Path, ports: list[int]) -> Path:
+    servers = "".join(f"""  server {{
+    listen 127.0.0.1:{p} backlog=4096;
+    location / {{
+      default_type application/json;
+      return 200 '{FAKE_BODY}';
+    }}
+  }}
+""" for p in ports)
+    path = wd / "backends.conf"
+    path.write_text(nginx_common(wd, "backends", 1) + servers + "}\n")
+    return path
+
+
+def proxy_conf(wd: Path, workers: int, port: int, backend_ports: list[int],
+               sse_port: int, sim_ports: list[int]) -> Path:
+    ups = "".join(f"    server 127.0.0.1:{p};\n" for p in backend_ports)
+    sims = "".join(f"    server 127.0.0.1:{p};\n" for p in sim_ports)
+    body = f"""  upstream fakes {{
+    hash $http_x_poimen_cache_key consistent;
+{ups}    keepalive 64;
+    keepalive_requests 1000000;
+  }}
+  upstream sims {{
+    hash $http_x_poimen_cache_key consistent;
+{sims}    keepalive 64;
+    keepalive_requests 1000000;
+  }}
+  server {{
+    listen 127.0.0.1:{port} backlog=4096;
+    client_max_body_size 32m;
+    client_body_buffer_size 64k;
+    location / {{
+      proxy_pass http://fakes;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+    }}
+  }}
+  server {{
+    listen 127.0.0.1:{sse_port} backlog=4096;
+    client_max_body_size 32m;
+    client_body_buffer_size 64k;
+    location / {{
+      proxy_pass http://sims;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+    }}
+  }}
+}}
+"""
+    path = wd / "proxy.conf"
+    path.write_text(nginx_common(wd, "proxy", workers) + body)
+    return path
+
+
+def start_nginx(procs: C.Procs, name: str, conf: Path, port: int):
+    chk = subprocess.run([C.nginx_bin(), "-t", "-c", str(conf)], capture_output=True, text=True)
+    if chk.returncode != 0:
+        raise RuntimeError(f"nginx -t {conf}: {chk.stderr}")
+    p = procs.start(name, [C.nginx_bin(), "-c", str(conf)])
+    C.wait_port(port, proc=p)
+    return p
+
+
+# --------------------------------------------------------------------------
+# wrk
+
+
+def run_wrk(port: int, script: str, conns: int, duration: float, extra: list[str]) -> dict:
+    argv = ["wrk", "-t2", f"-c{conns}", f"-d{duration:g}s", "--timeout", "5s", "-s", str(HERE / script),
+            f"http://127.0.0.1:{port}", "--", FAKE_MODEL, "64", *extra]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=duration + 60)
+    m = re.search(r"^POIMEN_JSON (\{.*\})$", r.stdout, re.M)
+    if r.returncode != 0 or not m:
+        raise RuntimeError(f"wrk failed ({r.returncode}): {r.stdout}\n{r.stderr}")
+    d = json.loads(m.group(1))
+    d["rps"] = d["requests"] / (d["duration_us"] / 1e6)
+    d["errors"] = sum(d[k] for k in ("err_connect", "err_read", "err_write", "err_status", "err_timeout"))
+    d["argv"] = argv
+    return d
+
+
+def measure(target: dict, backends_pid: int, script: str, conns: int, duration: float,
+            extra: list[str]) -> dict:
+    """One wrk run against target, with the CPU time the proxy (and the
+    backends, and wrk) used over it."""
+    proxy_pid = target["pid"]
+    p0 = C.tree_cpu_us(proxy_pid)
+    b0 = C.tree_cpu_us(backends_pid)
+    w0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    d = run_wrk(target["port"], script, conns, duration, extra)
+    w1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    p1 = C.tree_cpu_us(proxy_pid)
+    b1 = C.tree_cpu_us(backends_pid)
+    n = max(1, d["requests"])
+    d["proxy_cpu_us_per_req"] = (p1 - p0) / n
+    d["proxy_cpu_cores"] = (p1 - p0) / d["duration_us"]
+    d["backend_cpu_us_per_req"] = (b1 - b0) / n
+    d["wrk_cpu_us_per_req"] = ((w1.ru_utime + w1.ru_stime) - (w0.ru_utime + w0.ru_stime)) * 1e6 / n
+    return d
+
+
+# --------------------------------------------------------------------------
+# SSE time to first byte, and the 1,000-stream RSS test (aiohttp)
+
+
+def chat_body(model: str, key: str, stream: bool, max_tokens: int) -> bytes:
+    filler = "The agent keeps notes on the repository, the failing test and the plan. " * 24
+    return json.dumps({
+        "messages": [{"role": "system", "content": "You are a coding agent. " + filler},
+                     {"role": "user", "content": f"Summarise what {key} did last."}],
+        "max_tokens": max_tokens, "stream": stream, "model": model,
+    }).encode()
+
+
+async def sse_round(port: int, n: int) -> dict:
+    import aiohttp
+    bodies = [(f"bench-session-{k:03d}", chat_body(FAST_MODEL, f"bench-session-{k:03d}", True, 16))
+              for k in range(64)]
+    ttfb, first_tok, total, bad = [], [], [], 0
+    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    conn = aiohttp.TCPConnector(limit=1)
+    async with aiohttp.ClientSession(connector=conn) as s:
+        for i in range(n + 20):  # 20 unmeasured to warm the connection
+            key, body = bodies[i % 64]
+            t0 = time.perf_counter()
+            t_first = t_tok = None
+            async with s.post(url, data=body, headers={"Content-Type": "application/json",
+                                                       "X-Poimen-Cache-Key": key}) as r:
+                async for line in r.content:
+                    if not line.startswith(b"data:"):
+                        continue
+                    now = time.perf_counter()
+                    if t_first is None:
+                        t_first = now
+                    if t_tok is None and b'"content":" tok"' in line:
+                        t_tok = now
+                t_end = time.perf_counter()
+                ok = r.status == 200 and t_tok is not None
+            if i < 20:
+                continue
+            if not ok:
+                bad += 1
+                continue
+            ttfb.append((t_first - t0) * 1e6)
+            first_tok.append((t_tok - t0) * 1e6)
+            total.append((t_end - t0) * 1e6)
+    return {"n": len(ttfb), "bad": bad,
+            "ttfb_p50": C.pct(ttfb, 50), "ttfb_p99": C.pct(ttfb, 99),
+            "tok_p50": C.pct(first_tok, 50), "tok_p99": C.pct(first_tok, 99),
+            "total_p50": C.pct(total, 50), "total_p99": C.pct(total, 99)}
+
+
+async def hold_streams(port: int, gw_pid: int, n: int, max_tokens: int) -> dict:
+    """Opens n SSE streams through the gateway, waits until every one has its
+    first event, samples the gateway's RSS, then closes them all."""
+    import aiohttp
+    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    started = 0
+    all_started = asyncio.Event()
+    release = asyncio.Event()
+    statuses: dict[int, int] = {}
+    errors: list[str] = []
+    events = [0]
+
+    async def one(s, i):
+        nonlocal started
+        key = f"stream-{i:04d}"
+        body = chat_body(SLOW_MODEL, key, True, max_tokens)
+        try:
+            async with s.post(url, data=body, headers={"Content-Type": "application/json",
+                                                       "X-Poimen-Cache-Key": key}) as r:
+                statuses[r.status] = statuses.get(r.status, 0) + 1
+                got_first = False
+                async for line in r.content:
+                    if line.startswith(b"data:"):
+                        events[0] += 1
+                        if not got_first:
+                            got_first = True
+                            started += 1
+                            if started == n:
+                                all_started.set()
+                        if release.is_set():
+                            break
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            errors.append(repr(e))
+
+    conn = aiohttp.TCPConnector(limit=0, force_close=False)
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
+    async with aiohttp.ClientSession(connector=conn, timeout=timeout) as s:
+        t0 = time.perf_counter()
+        tasks = [asyncio.create_task(one(s, i)) for i in range(n)]
+        try:
+            await asyncio.wait_for(all_started.wait(), timeout=60)
+        except asyncio.TimeoutError:
+            pass
+        t_open = time.perf_counter() - t0
+        samples = []
+        for _ in range(5):
+            await asyncio.sleep(0.5)
+            samples.append(C.rss_kib(gw_pid))
+        threads = C.threads_of(gw_pid)
+        open_streams = started
+        release.set()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return {"open": open_streams, "open_secs": t_open, "rss_kib": samples, "statuses": statuses,
+            "errors": errors[:5], "n_errors": len(errors), "threads": threads,
+            "events_seen": events[0]}
+
+
+# --------------------------------------------------------------------------
+
+
+def fmt_ms(us: float) -> str:
+    return f"{us / 1000:.3f}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--duration", type=float, default=10.0, help="seconds per saturated round")
+    ap.add_argument("--threads", type=int, default=1, help="nginx worker_processes = gateway threads")
+    ap.add_argument("--conns", type=int, default=32)
+    ap.add_argument("--paced-rounds", type=int, default=3)
+    ap.add_argument("--paced-duration", type=float, default=10.0)
+    ap.add_argument("--paced-conns", type=int, default=10)
+    ap.add_argument("--paced-delay-ms", type=int, default=20,
+                    help="per-connection pause; 10 conns x 1000/20 ms = ~500 req/s")
+    ap.add_argument("--sse-rounds", type=int, default=3)
+    ap.add_argument("--sse-requests", type=int, default=1000, help="per target per round")
+    ap.add_argument("--streams", type=int, default=1000)
+    ap.add_argument("--out", default=str(C.RESULTS / "overhead.md"))
+    ap.add_argument("--keep-logs", action="store_true")
+    a = ap.parse_args()
+
+    C.signals_raise()
+    C.raise_nofile()
+    C.need_tools("wrk", "nginx")
+    bins = C.bin_dir()
+    wd = C.workdir("overhead")
+    procs = C.Procs(wd)
+    t_start = time.time()
+    ok = False
+    try:
+        T = a.threads
+        fake_ports = [C.free_port() for _ in range(4)]
+        sim_ports = [C.free_port() for _ in range(4)]
+        proxy_port, proxy_sse_port = C.free_port(), C.free_port()
+        gw_port, gw_metrics = C.free_port(), C.free_port()
+        gwq_port, gwq_metrics = C.free_port(), C.free_port()
+
+        backends = start_nginx(procs, "backends", backends_conf(wd, fake_ports), fake_ports[-1])
+        for i, p in enumerate(sim_ports):
+            C.start_sim(procs, bins, f"sim-fast-{i}", p, "--time-scale", "0", "--max-num-seqs", "256",
+                        "--kv-cache-tokens", "1048576", model=FAST_MODEL)
+        proxy = start_nginx(procs, "proxy", proxy_conf(wd, T, proxy_port, fake_ports, proxy_sse_port, sim_ports),
+                            proxy_sse_port)
+        models = [
+            {"name": FAKE_MODEL, "addresses": [f"127.0.0.1:{p}" for p in fake_ports]},
+            {"name": FAST_MODEL, "addresses": [f"127.0.0.1:{p}" for p in sim_ports]},
+        ]
+        sched = {"max_num_seqs": 100000, "max_queue_depth": 0}
+        cfg = C.gateway_yaml(wd, "gateway", gw_port, gw_metrics, models, threads=T, scheduler=sched,
+                             extra={"stream_usage": True})
+        gw = C.start_gateway(procs, bins, "gateway", cfg, gw_port, rust_log="info")
+        cfgq = C.gateway_yaml(wd, "gateway-quiet", gwq_port, gwq_metrics, models, threads=T, scheduler=sched,
+                              extra={"stream_usage": True})
+        gwq = C.start_gateway(procs, bins, "gateway-quiet", cfgq, gwq_port, rust_log="warn")
+
+        targets = [
+            {"name": "direct", "port": fake_ports[0], "pid": backends.pid},
+            {"name": "nginx", "port": proxy_port, "pid": proxy.pid},
+            {"name": "gateway", "port": gw_port, "pid": gw.pid},
+            {"name": "gateway-quiet", "port": gwq_port, "pid": gwq.pid},
+        ]
+        # sanity: every target answers 200 with the fake body
+        for t in targets:
+            d = run_wrk(t["port"], "chat.lua", 2, 1, [])
+            if d["errors"] or d["requests"] == 0:
+                raise RuntimeError(f"{t['name']}: sanity run had errors: {d}")
+
+        # ---- 1. saturated, interleaved rounds
+        print(f"saturated: {a.rounds} rounds x {len(targets)} targets x {a.duration:g}s, "
+              f"wrk -t2 -c{a.conns}; proxies with {T} worker/thread", flush=True)
+        for t in targets:  # warm-up, not counted
+            run_wrk(t["port"], "chat.lua", a.conns, 3, [])
+        sat: dict[str, list[dict]] = {t["name"]: [] for t in targets}
+        for r in range(a.rounds):
+            order = targets if r % 2 == 0 else list(reversed(targets))
+            for t in order:
+                d = measure(t, backends.pid, "chat.lua", a.conns, a.duration, [])
+                sat[t["name"]].append(d)
+                print(f"  round {r + 1} {t['name']:14s} {d['rps']:9.0f} req/s  p50 {fmt_ms(d['p50_us'])} ms  "
+                      f"p99 {fmt_ms(d['p99_us'])} ms  proxy {d['proxy_cpu_us_per_req']:.1f} us/req  "
+                      f"errors {d['errors']}", flush=True)
+
+        # ---- 2. paced
+        paced_targets = targets[:3]
+        rate = a.paced_conns * 1000 / a.paced_delay_ms
+        print(f"paced: ~{rate:.0f} req/s ({a.paced_conns} conns, delay {a.paced_delay_ms} ms), "
+              f"{a.paced_rounds} rounds x {a.paced_duration:g}s", flush=True)
+        paced: dict[str, list[dict]] = {t["name"]: [] for t in paced_targets}
+        for r in range(a.paced_rounds):
+            order = paced_targets if r % 2 == 0 else list(reversed(paced_targets))
+            for t in order:
+                d = measure(t, backends.pid, "paced.lua", a.paced_conns, a.paced_duration,
+                            [str(a.paced_delay_ms)])
+                paced[t["name"]].append(d)
+                print(f"  round {r + 1} {t['name']:8s} {d['rps']:6.0f} req/s  p50 {fmt_ms(d['p50_us'])} ms  "
+                      f"p99 {fmt_ms(d['p99_us'])} ms  proxy {d['proxy_cpu_us_per_req']:.1f} us/req", flush=True)
+
+        # ---- 3. SSE time to first byte
+        sse_targets = [("direct", sim_ports[0]), ("nginx", proxy_sse_port), ("gateway", gw_port)]
+        print(f"SSE: {a.sse_rounds} rounds x {a.sse_requests} sequential streams per target "
+              f"(vllm-sim --time-scale 0)", flush=True)
+        sse: dict[str, list[dict]] = {n: [] for n, _ in sse_targets}
+        for r in range(a.sse_rounds):
+            order = sse_targets if r % 2 == 0 else list(reversed(sse_targets))
+            for name, port in order:
+                d = asyncio.run(sse_round(port, a.sse_requests))
+                if d["bad"]:
+                    raise RuntimeError(f"SSE {name}: {d['bad']} bad responses")
+                sse[name].append(d)
+                print(f"  round {r + 1} {name:8s} TTFB p50 {fmt_ms(d['ttfb_p50'])} ms  p99 {fmt_ms(d['ttfb_p99'])} ms"
+                      f"  first token p50 {fmt_ms(d['tok_p50'])} ms", flush=True)
+
+        # ---- 4. RSS: a fresh gateway, idle, then with STREAMS open streams
+        for p in (gw, gwq):
+            procs.stop(p)
+        slow_ports = [C.free_port() for _ in range(4)]
+        for i, p in enumerate(slow_ports):
+            C.start_sim(procs, bins, f"sim-slow-{i}", p, "--max-num-seqs", "2000",
+                        "--decode-us-per-token", "100000", "--step-us-per-running-seq", "0",
+                        "--kv-cache-tokens", "1048576", model=SLOW_MODEL)
+        rss_port, rss_metrics = C.free_port(), C.free_port()
+        cfg_rss = C.gateway_yaml(wd, "gateway-rss", rss_port, rss_metrics,
+                                 [{"name": SLOW_MODEL, "addresses": [f"127.0.0.1:{p}" for p in slow_ports],
+                                   "max_num_seqs": 2000}],
+                                 threads=T, scheduler={"max_num_seqs": 2000, "max_queue_depth": 0},
+                                 extra={"stream_usage": True})
+        gw_rss = C.start_gateway(procs, bins, "gateway-rss", cfg_rss, rss_port)
+        time.sleep(1.0)
+        rss_idle = C.rss_kib(gw_rss.pid)
+        print(f"RSS: fresh gateway idle {rss_idle / 1024:.1f} MiB; opening {a.streams} streams ...", flush=True)
+        hold = asyncio.run(hold_streams(rss_port, gw_rss.pid, a.streams, 300))
+        time.sleep(2.0)
+        rss_after = C.rss_kib(gw_rss.pid)
+        inflight_after = C.prom_values(C.http_get(f"http://127.0.0.1:{rss_metrics}/metrics"),
+                                       "poimen_gateway_inflight")
+        print(f"  {hold['open']} streams open after {hold['open_secs']:.1f}s: RSS "
+              f"{C.median(hold['rss_kib']) / 1024:.1f} MiB (samples {hold['rss_kib']}); after closing "
+              f"{rss_after / 1024:.1f} MiB, inflight {inflight_after:g}; statuses {hold['statuses']}, "
+              f"errors {hold['n_errors']}", flush=True)
+
+        report = render(a, T, sat, paced, sse, rss_idle, hold, rss_after, inflight_after, bins,
+                        time.time() - t_start)
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(report)
+        print()
+        print(report)
+        print(f"written to {a.out}")
+        ok = True
+        return 0
+    finally:
+        procs.stop_all()
+        if ok and not a.keep_logs:
+            subprocess.run(["rm", "-rf", str(wd)])
+        else:
+            print(f"logs kept in {wd}", file=sys.stderr)
+
+
+def render(a, T, sat, paced, sse, rss_idle, hold, rss_after, inflight_after, bins, elapsed) -> str:
+    med = lambda rows, k: C.median([r[k] for r in rows])  # noqa: E731
+    S = {n: {k: med(rows, k) for k in ("rps", "p50_us", "p99_us", "proxy_cpu_us_per_req",
+                                          "backend_cpu_us_per_req", "wrk_cpu_us_per_req", "proxy_cpu_cores")}
+         for n, rows in sat.items()}
+    errs = {n: sum(r["errors"] for r in rows) for n, rows in sat.items()}
+    reqs = {n: sum(r["requests"] for r in rows) for n, rows in sat.items()}
+    d, ng = S["direct"], S["nginx"]
+    L = []
+    w = L.append
+    w("# poimen-gateway data-plane overhead")
+    w("")
+    w(f"- date: {C.now_utc()}; gateway commit {C.git_rev()}; binaries from `{bins}`")
+    w(f"- machine: {C.machine_line()}; wrk, proxy and backends all share the 2 cores")
+    w(f"- nginx {subprocess.run([C.nginx_bin(), '-v'], capture_output=True, text=True).stderr.strip().split('/')[-1]}"
+      f" (Debian), wrk {subprocess.run(['wrk', '-v'], capture_output=True, text=True).stdout.split()[1]} (Debian)")
+    w(f"- proxies: **{T} worker/thread each** (nginx `worker_processes {T}`, gateway `threads: {T}`)")
+    w("- command: `bash bench/overhead/run.sh` "
+      f"(= `python3 bench/overhead/run.py --rounds {a.rounds} --duration {a.duration:g} --threads {T}`); "
+      f"total run time {elapsed / 60:.1f} min")
+    w("")
+    w("## Saturated throughput")
+    w("")
+    w(f"wrk `-t2 -c{a.conns} -d{a.duration:g}s -s bench/overhead/chat.lua` (POST /v1/chat/completions, "
+      "~2 KB body with `\"model\"` last, 64 keys cycled in `X-Poimen-Cache-Key`); backends: 4 ports of one "
+      "nginx (1 worker) returning a fixed 450-byte chat-completion JSON. "
+      f"{a.rounds} rounds, targets interleaved (order reversed every other round); **medians over rounds**.")
+    w("")
+    w("| target | req/s | p50 ms | p99 ms | proxy CPU µs/req | req/s vs direct | req/s vs nginx | CPU/req vs nginx | errors |")
+    w("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for n in sat:
+        s = S[n]
+        cpu_ratio = "—" if n == "direct" else f"{s['proxy_cpu_us_per_req'] / ng['proxy_cpu_us_per_req']:.2f}x"
+        w(f"| {n} | {s['rps']:,.0f} | {fmt_ms(s['p50_us'])} | {fmt_ms(s['p99_us'])} | "
+          f"{s['proxy_cpu_us_per_req']:.1f}{' (backend)' if n == 'direct' else ''} | "
+          f"{s['rps'] / d['rps']:.2f} | {s['rps'] / ng['rps']:.2f} | {cpu_ratio} | {errs[n]} of {reqs[n]:,} |")
+    w("")
+    w("- `direct`: wrk to one backend port, no proxy (the limit); its CPU column is the backend nginx's.")
+    w("- `nginx`: `upstream { hash $http_x_poimen_cache_key consistent; server ...x4; keepalive 64; }`, "
+      "`proxy_http_version 1.1; proxy_set_header Connection \"\";`, `access_log off`, "
+      "`keepalive_requests 1000000` (client side and upstream, so neither side reconnects every 1,000 requests).")
+    w("- `gateway`: poimen-gateway, the 4 backends under one model, `scheduler: {max_num_seqs: 100000, "
+      "max_queue_depth: 0}`, `stream_usage: true`, default logging (`RUST_LOG=info`: one JSON "
+      "`prefix_cache` line per request to stderr, redirected to a file).")
+    w("- `gateway-quiet`: the same with `RUST_LOG=warn` (no per-request log line), to show what the log line costs.")
+    w("- CPU µs/req = (utime+stime of the proxy's processes from /proc/<pid>/stat after the run − before) / "
+      "requests completed; nginx = master + worker.")
+    w("")
+    w("Where the CPU goes (medians, µs per request):")
+    w("")
+    w("| target | proxy | backends | wrk | proxy cores busy |")
+    w("|---|---:|---:|---:|---:|")
+    for n in sat:
+        s = S[n]
+        pc = "—" if n == "direct" else f"{s['proxy_cpu_us_per_req']:.1f}"
+        cores = "—" if n == "direct" else f"{s['proxy_cpu_cores']:.2f}"
+        w(f"| {n} | {pc} | {s['backend_cpu_us_per_req']:.1f} | {s['wrk_cpu_us_per_req']:.1f} | {cores} |")
+    w("")
+    w("Per round (req/s; proxy CPU µs/req):")
+    w("")
+    w("| target | " + " | ".join(f"round {i + 1}" for i in range(a.rounds)) + " |")
+    w("|---|" + "---:|" * a.rounds)
+    for n, rows in sat.items():
+        w(f"| {n} | " + " | ".join(f"{r['rps']:,.0f}; {r['proxy_cpu_us_per_req']:.1f}" for r in rows) + " |")
+    w("")
+
+    P = {n: {k: med(rows, k) for k in ("rps", "p50_us", "p99_us", "proxy_cpu_us_per_req")}
+         for n, rows in paced.items()}
+    w("## Paced latency (added latency at a fixed rate)")
+    w("")
+    w(f"wrk `-t2 -c{a.paced_conns} -d{a.paced_duration:g}s -s bench/overhead/paced.lua -- bench-model 64 "
+      f"{a.paced_delay_ms}`: each connection waits {a.paced_delay_ms} ms after a response before its next "
+      f"request (wrk's Lua `delay()`; wrk2 is not in Debian), i.e. ~{a.paced_conns * 1000 / a.paced_delay_ms:.0f} "
+      f"req/s offered. {a.paced_rounds} rounds interleaved; medians.")
+    w("")
+    w("| target | achieved req/s | p50 ms | p99 ms | added p50 vs direct | added p99 vs direct | proxy CPU µs/req |")
+    w("|---|---:|---:|---:|---:|---:|---:|")
+    for n in paced:
+        s = P[n]
+        add50 = "—" if n == "direct" else f"+{(s['p50_us'] - P['direct']['p50_us']):.0f} µs"
+        add99 = "—" if n == "direct" else f"+{(s['p99_us'] - P['direct']['p99_us']):.0f} µs"
+        w(f"| {n} | {s['rps']:.0f} | {fmt_ms(s['p50_us'])} | {fmt_ms(s['p99_us'])} | {add50} | {add99} | "
+          f"{s['proxy_cpu_us_per_req']:.1f}{' (backend)' if n == 'direct' else ''} |")
+    w("")
+
+    Q = {n: {k: med(rows, k) for k in ("ttfb_p50", "ttfb_p99", "tok_p50", "tok_p99", "total_p50")}
+         for n, rows in sse.items()}
+    w("## SSE time to first byte")
+    w("")
+    w(f"4 × `vllm-sim --time-scale 0 --max-num-seqs 256` (no simulated delay: what is measured is transport); "
+      f"a Python aiohttp client sends {a.sse_requests} streamed chat requests (`stream: true`, 16 tokens, "
+      "~2 KB body, 64 keys) one after another on one keep-alive connection per target and round; "
+      "TTFB = request sent → first `data:` event; first token = → first chunk with content. "
+      f"{a.sse_rounds} rounds interleaved; medians. nginx here: the same upstream block over the sims, "
+      "`proxy_buffering off`. The gateway adds `stream_options.include_usage` and strips the usage chunk.")
+    w("")
+    w("| target | TTFB p50 ms | TTFB p99 ms | first token p50 ms | first token p99 ms | whole stream p50 ms | TTFB p50 vs direct |")
+    w("|---|---:|---:|---:|---:|---:|---:|")
+    for n in sse:
+        s = Q[n]
+        add = "—" if n == "direct" else f"+{(s['ttfb_p50'] - Q['direct']['ttfb_p50']):.0f} µs"
+        w(f"| {n} | {fmt_ms(s['ttfb_p50'])} | {fmt_ms(s['ttfb_p99'])} | {fmt_ms(s['tok_p50'])} | "
+          f"{fmt_ms(s['tok_p99'])} | {fmt_ms(s['total_p50'])} | {add} |")
+    w("")
+    w("The client is Python: its own per-request cost (~0.3–1 ms) is in every row; the differences are the proxies'.")
+    w("")
+
+    w("## Gateway memory (RSS)")
+    w("")
+    rss_open = C.median(hold["rss_kib"])
+    w(f"A fresh gateway (`threads: {T}`, `max_num_seqs: 2000` per backend, `max_queue_depth: 0`) in front of 4 × "
+      "`vllm-sim --max-num-seqs 2000 --decode-us-per-token 100000 --step-us-per-running-seq 0` "
+      f"(10 tokens/s per stream, 300 tokens: 30 s streams). {a.streams} SSE streams opened at once from one "
+      "aiohttp client (one connection each), read as they come; RSS (`VmRSS` of /proc/<pid>/status) "
+      "sampled 5 times over 2.5 s once every stream had its first event; then every stream closed by the client.")
+    w("")
+    w("| state | gateway RSS |")
+    w("|---|---:|")
+    w(f"| idle, fresh (1 s after start) | {rss_idle / 1024:.1f} MiB |")
+    w(f"| {hold['open']} streams open (median of samples; min–max) | {rss_open / 1024:.1f} MiB "
+      f"({min(hold['rss_kib']) / 1024:.1f}–{max(hold['rss_kib']) / 1024:.1f}) |")
+    w(f"| 2 s after the client closed them all | {rss_after / 1024:.1f} MiB |")
+    w("")
+    w(f"- per open stream: {(rss_open - rss_idle) / max(1, hold['open']):.1f} KiB "
+      f"(client + upstream connection, buffers, task); opening all took {hold['open_secs']:.1f} s; "
+      f"gateway threads: {hold['threads']}")
+    w(f"- responses: {hold['statuses']}, client errors {hold['n_errors']}; "
+      f"`poimen_gateway_inflight` after closing: {inflight_after:g} (slots freed on client disconnect)")
+    w("")
+    return "\n".join(L) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
