@@ -10,5 +10,6 @@ mod config_check;
 mod failover;
 mod fuzz;
 mod operations;
+mod reload;
 mod routing;
 mod streaming;

@@ -1,0 +1,325 @@
+//! Zero-downtime reload: the gateway daemonised (`-d`), under steady keyed
+//! load on fresh and keep-alive connections plus open SSE streams, upgraded
+//! with Pingora's graceful upgrade (new process with `-u`, then SIGQUIT to
+//! the old one) to a config with one more backend.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::support::gateway::{temp_dir, BIN};
+use crate::support::{chat_body, FakeBackend, Reply};
+
+/// Daemons are not our children: kill whatever pids we saw at the end.
+struct Daemons {
+    dir: PathBuf,
+    pids: Vec<u32>,
+}
+
+impl Daemons {
+    fn pid(&self) -> u32 {
+        std::fs::read_to_string(self.dir.join("gw.pid"))
+            .unwrap_or_default()
+            .trim()
+            .parse()
+            .unwrap_or(0)
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("error.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Daemons {
+    fn drop(&mut self) {
+        for pid in self.pids.iter().chain([self.pid()].iter()) {
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+        }
+        if std::thread::panicking() {
+            eprintln!("--- daemon log ---\n{}", self.log());
+        }
+    }
+}
+
+fn alive(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z "))
+}
+
+fn write_config(
+    dir: &Path,
+    port: u16,
+    metrics: u16,
+    backends: &[std::net::SocketAddr],
+    stream: std::net::SocketAddr,
+) {
+    let list: Vec<String> = backends.iter().map(|a| format!("\"{a}\"")).collect();
+    let yaml = format!(
+        "version: 1\nthreads: 2\npid_file: {d}/gw.pid\nupgrade_sock: {d}/upgrade.sock\nerror_log: {d}/error.log\n\
+         grace_period_seconds: 3\ngraceful_shutdown_timeout_seconds: 1\n\
+         gateway:\n  listen: \"127.0.0.1:{port}\"\n  metrics_listen: \"127.0.0.1:{metrics}\"\n\
+         \x20 models:\n    - name: m\n      addresses: [{}]\n    - name: s\n      address: \"{stream}\"\n",
+        list.join(", "),
+        d = dir.display()
+    );
+    std::fs::write(dir.join("gateway.yaml"), yaml).unwrap();
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Start `poimen-gateway -d [-u] -c FILE`; returns once the foreground
+/// process exited (it forks the daemon after taking the sockets over).
+async fn start_daemon(conf: PathBuf, upgrade: bool) -> std::process::ExitStatus {
+    let mut cmd = tokio::process::Command::new(BIN);
+    cmd.arg("-d");
+    if upgrade {
+        cmd.arg("-u");
+    }
+    cmd.arg("-c").arg(conf).env("RUST_LOG", "info");
+    cmd.status().await.unwrap()
+}
+
+/// The backend each key is routed to now.
+async fn mapping(http: &reqwest::Client, url: &str, keys: &[String]) -> HashMap<String, String> {
+    let mut out = HashMap::new();
+    for k in keys {
+        let resp = http
+            .post(url)
+            .header("X-Poimen-Cache-Key", k)
+            .body(chat_body("m", "map"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        let backend = resp.headers()["x-poimen-backend"]
+            .to_str()
+            .unwrap()
+            .to_string();
+        out.insert(k.clone(), backend);
+    }
+    out
+}
+
+/// A graceful upgrade: the new process first (it waits for the sockets),
+/// then SIGQUIT to the old one, which hands them over and drains.
+async fn upgrade(d: &mut Daemons, conf: &Path) -> u32 {
+    let old = d.pid();
+    d.pids.push(old);
+    let new = tokio::spawn(start_daemon(conf.to_path_buf(), true));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    Command::new("kill")
+        .args(["-QUIT", &old.to_string()])
+        .status()
+        .unwrap();
+    assert!(new.await.unwrap().success(), "upgrade failed:\n{}", d.log());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while d.pid() == old || d.pid() == 0 {
+        assert!(Instant::now() < deadline, "no new pid");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    old
+}
+
+#[derive(Default)]
+struct Load {
+    fresh_ok: AtomicUsize,
+    fresh_failed: AtomicUsize,
+    reused_ok: AtomicUsize,
+    reused_failed: AtomicUsize,
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn graceful_upgrade_under_load_loses_nothing() {
+    let (a, b, c) = (
+        FakeBackend::start().await,
+        FakeBackend::start().await,
+        FakeBackend::start().await,
+    );
+    let s = FakeBackend::start().await;
+    s.set_reply(Reply::sse(
+        (0..25).map(|i| format!("{{\"n\":{i}}}")).collect(),
+        Duration::from_millis(100),
+    ));
+    let dir = temp_dir();
+    let conf = dir.join("gateway.yaml");
+    let (port, metrics) = (free_port(), free_port());
+    write_config(&dir, port, metrics, &[a.addr, b.addr], s.addr);
+    let mut d = Daemons {
+        dir: dir.clone(),
+        pids: Vec::new(),
+    };
+    assert!(start_daemon(conf.clone(), false).await.success());
+    let url = format!("http://127.0.0.1:{port}/v1/chat/completions");
+    let fresh = reqwest::Client::builder()
+        .no_proxy()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    let reused = reqwest::Client::builder().no_proxy().build().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while fresh
+        .get(format!("http://127.0.0.1:{port}/health"))
+        .send()
+        .await
+        .is_err()
+    {
+        assert!(Instant::now() < deadline, "daemon not ready:\n{}", d.log());
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let keys: Vec<String> = (0..200).map(|i| format!("key-{i}")).collect();
+    let before = mapping(&fresh, &url, &keys).await;
+
+    // Steady load: fresh connections and keep-alive connections.
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = Arc::new(Load::default());
+    let mut workers = Vec::new();
+    for w in 0..4 {
+        let (stop, load, url) = (stop.clone(), load.clone(), url.clone());
+        let client = if w % 2 == 0 {
+            fresh.clone()
+        } else {
+            reused.clone()
+        };
+        workers.push(tokio::spawn(async move {
+            let mut i = 0;
+            while !stop.load(Ordering::Relaxed) {
+                i += 1;
+                let ok = client
+                    .post(&url)
+                    .header("X-Poimen-Cache-Key", format!("w{w}-{i}"))
+                    .body(chat_body("m", "load"))
+                    .send()
+                    .await
+                    .is_ok_and(|r| r.status() == 200);
+                let (good, bad) = if w % 2 == 0 {
+                    (&load.fresh_ok, &load.fresh_failed)
+                } else {
+                    (&load.reused_ok, &load.reused_failed)
+                };
+                if ok {
+                    good.fetch_add(1, Ordering::Relaxed)
+                } else {
+                    bad.fetch_add(1, Ordering::Relaxed)
+                };
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }));
+    }
+    // Streams open across the upgrade (2.5 s each).
+    let streams: Vec<_> = (0..3)
+        .map(|_| {
+            let (client, url) = (fresh.clone(), url.clone());
+            tokio::spawn(async move {
+                let resp = client
+                    .post(&url)
+                    .body(chat_body("s", "stream"))
+                    .send()
+                    .await
+                    .unwrap();
+                resp.text()
+                    .await
+                    .map(|t| t.ends_with("data: [DONE]\n\n"))
+                    .unwrap_or(false)
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+
+    // Upgrade 1: add backend c.
+    write_config(&dir, port, metrics, &[a.addr, b.addr, c.addr], s.addr);
+    let old = upgrade(&mut d, &conf).await;
+    let quit_at = Instant::now();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while c.count() == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the new config never took effect"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for st in streams {
+        assert!(st.await.unwrap(), "a stream broke during the upgrade");
+    }
+    // Pingora keeps the old process 5 s (its CLOSE_TIMEOUT) after handing
+    // the sockets over, then drains for grace_period_seconds (3 here).
+    while alive(old) {
+        assert!(
+            quit_at.elapsed() < Duration::from_secs(15),
+            "old process still alive"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let old_gone_after = quit_at.elapsed();
+
+    // Keys move only to the new backend.
+    let after = mapping(&fresh, &url, &keys).await;
+    let moved: Vec<&String> = keys.iter().filter(|k| before[*k] != after[*k]).collect();
+    assert!(
+        moved.iter().all(|k| after[*k] == c.addr.to_string()),
+        "a key moved between old backends"
+    );
+    assert!(
+        !moved.is_empty() && moved.len() < keys.len() / 2,
+        "{} of {} moved",
+        moved.len(),
+        keys.len()
+    );
+
+    // Upgrade 2: the same config: every key maps as before.
+    upgrade(&mut d, &conf).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(mapping(&fresh, &url, &keys).await, after);
+
+    stop.store(true, Ordering::Relaxed);
+    for w in workers {
+        w.await.unwrap();
+    }
+    let l = &*load;
+    let (fo, ff, ro, rf) = (
+        l.fresh_ok.load(Ordering::Relaxed),
+        l.fresh_failed.load(Ordering::Relaxed),
+        l.reused_ok.load(Ordering::Relaxed),
+        l.reused_failed.load(Ordering::Relaxed),
+    );
+    eprintln!(
+        "reload: 2 upgrades; fresh connections {fo} ok / {ff} failed; keep-alive {ro} ok / {rf} failed; old process gone {old_gone_after:?} after SIGQUIT"
+    );
+    assert_eq!(ff, 0, "requests on new connections failed");
+    assert!(fo > 50 && ro > 50);
+    // Reused idle connections: the old process answers `Connection: close`
+    // once it is shutting down, but a request already on the wire of a
+    // connection it is closing can fail; reported above, bounded here.
+    assert!(rf <= 2, "{rf} keep-alive failures");
+
+    // An upgrade to an invalid config: refused, the old process keeps serving.
+    std::fs::write(&conf, "gateway:\n  models: []\n").unwrap();
+    let check = Command::new(BIN)
+        .args(["-t", "-c"])
+        .arg(&conf)
+        .output()
+        .unwrap();
+    assert!(!check.status.success());
+    assert!(
+        !start_daemon(conf.clone(), true).await.success(),
+        "an invalid config was accepted"
+    );
+    let serving = d.pid();
+    assert!(alive(serving));
+    let resp = fresh
+        .post(&url)
+        .body(chat_body("m", "still there"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+}
