@@ -43,6 +43,17 @@ fn expected_stream(with_usage: bool) -> String {
     s + "data: [DONE]\n\n"
 }
 
+/// A backend streaming three tokens, with usage when asked for it.
+async fn streaming_backend() -> FakeBackend {
+    let b = FakeBackend::start().await;
+    b.set_reply(Reply::Sse {
+        events: token_events(),
+        gap: Duration::from_millis(5),
+        usage: Some(usage_chunk()),
+    });
+    b
+}
+
 async fn post(gw: &Gateway, body: String, key: Option<&str>) -> reqwest::Response {
     let mut req = client().post(gw.url("/v1/chat/completions")).body(body);
     if let Some(k) = key {
@@ -76,6 +87,20 @@ async fn cache_lines(gw: &Gateway, n: usize) -> Vec<serde_json::Value> {
     }
 }
 
+/// Wait until (hits, prompt tokens, usage missing) reach `want`: they are
+/// counted in Pingora's logging phase, just after the client has its answer.
+async fn assert_counters(gw: &Gateway, b: &FakeBackend, want: (f64, f64, f64)) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let got = counters(gw, b).await;
+        if got == want || std::time::Instant::now() > deadline {
+            assert_eq!(got, want, "(hit tokens, prompt tokens, usage missing)");
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 async fn counters(gw: &Gateway, b: &FakeBackend) -> (f64, f64, f64) {
     let l = [("model", "m"), ("backend", &*b.addr.to_string())];
     (
@@ -95,7 +120,7 @@ async fn header_body_and_both_with_exact_counters_and_log_lines() {
     for _ in 0..2 {
         assert_eq!(post(&gw, chat(None), Some("sess-1")).await.status(), 200);
     }
-    assert_eq!(counters(&gw, &b).await, (128.0, 0.0, 0.0));
+    assert_counters(&gw, &b, (128.0, 0.0, 0.0)).await;
 
     // Body usage only (stock vLLM), three times; the client gets it unchanged.
     b.set_reply(json_reply(Some(USAGE), None));
@@ -103,18 +128,12 @@ async fn header_body_and_both_with_exact_counters_and_log_lines() {
         let body: serde_json::Value = post(&gw, chat(None), None).await.json().await.unwrap();
         assert_eq!(body["usage"]["prompt_tokens_details"]["cached_tokens"], 512);
     }
-    assert_eq!(
-        counters(&gw, &b).await,
-        (128.0 + 3.0 * 512.0, 3.0 * 651.0, 0.0)
-    );
+    assert_counters(&gw, &b, (128.0 + 3.0 * 512.0, 3.0 * 651.0, 0.0)).await;
 
     // Both: the header wins.
     b.set_reply(json_reply(Some(USAGE), Some("600")));
     post(&gw, chat(None), None).await;
-    assert_eq!(
-        counters(&gw, &b).await,
-        (128.0 + 1536.0 + 600.0, 4.0 * 651.0, 0.0)
-    );
+    assert_counters(&gw, &b, (128.0 + 1536.0 + 600.0, 4.0 * 651.0, 0.0)).await;
 
     let lines = cache_lines(&gw, 6).await;
     assert_eq!(lines.len(), 6);
@@ -154,12 +173,7 @@ async fn header_body_and_both_with_exact_counters_and_log_lines() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_stream_with_usage_asked_by_the_client_is_passed_and_accounted() {
-    let b = FakeBackend::start().await;
-    b.set_reply(Reply::Sse {
-        events: token_events(),
-        gap: Duration::from_millis(5),
-        usage: Some(usage_chunk()),
-    });
+    let b = streaming_backend().await;
     let gw = Gateway::start(&one_model("m", &[b.addr])).await;
     let body = chat(Some(
         r#","stream":true,"stream_options":{"include_usage":true}"#,
@@ -170,17 +184,12 @@ async fn a_stream_with_usage_asked_by_the_client_is_passed_and_accounted() {
         b.seen()[0].body == body.as_bytes(),
         "the client's own body is forwarded as is"
     );
-    assert_eq!(counters(&gw, &b).await, (512.0, 651.0, 0.0));
+    assert_counters(&gw, &b, (512.0, 651.0, 0.0)).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_gateway_asks_for_stream_usage_and_hides_it_from_the_client() {
-    let b = FakeBackend::start().await;
-    b.set_reply(Reply::Sse {
-        events: token_events(),
-        gap: Duration::from_millis(5),
-        usage: Some(usage_chunk()),
-    });
+    let b = streaming_backend().await;
     let gw = Gateway::start(&one_model("m", &[b.addr])).await;
     let body = chat(Some(r#","stream":true"#));
     let resp = post(&gw, body, Some("k")).await;
@@ -190,19 +199,14 @@ async fn the_gateway_asks_for_stream_usage_and_hides_it_from_the_client() {
     assert_eq!(text, expected_stream(false));
     let upstream: serde_json::Value = serde_json::from_slice(&b.seen()[0].body).unwrap();
     assert_eq!(upstream["stream_options"]["include_usage"], true);
-    assert_eq!(counters(&gw, &b).await, (512.0, 651.0, 0.0));
+    assert_counters(&gw, &b, (512.0, 651.0, 0.0)).await;
     let line = &cache_lines(&gw, 1).await[0];
     assert_eq!(line["cached_tokens"], 512);
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn without_usage_the_cached_count_is_unknown_not_zero() {
-    let b = FakeBackend::start().await;
-    b.set_reply(Reply::Sse {
-        events: token_events(),
-        gap: Duration::from_millis(5),
-        usage: Some(usage_chunk()),
-    });
+    let b = streaming_backend().await;
     let gw = Gateway::start(&format!(
         "  stream_usage: false\n{}",
         one_model("m", &[b.addr])
@@ -218,7 +222,7 @@ async fn without_usage_the_cached_count_is_unknown_not_zero() {
     }
     b.set_reply(json_reply(None, None));
     post(&gw, chat(None), None).await;
-    assert_eq!(counters(&gw, &b).await, (0.0, 0.0, 3.0));
+    assert_counters(&gw, &b, (0.0, 0.0, 3.0)).await;
     let lines = cache_lines(&gw, 3).await;
     assert!(lines
         .iter()
@@ -233,19 +237,14 @@ async fn without_usage_the_cached_count_is_unknown_not_zero() {
     assert_eq!(resp.status(), 200);
     post(&gw, chat(None), None).await;
     assert_eq!(cache_lines(&gw, 4).await.len(), 4);
-    assert_eq!(counters(&gw, &b).await, (0.0, 0.0, 4.0));
+    assert_counters(&gw, &b, (0.0, 0.0, 4.0)).await;
 }
 
 /// The official OpenAI Python SDK (installed by scripts/setup.sh) reads the
 /// stream the gateway passes on, with and without usage asked for.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_openai_python_sdk_reads_both_kinds_of_stream() {
-    let b = FakeBackend::start().await;
-    b.set_reply(Reply::Sse {
-        events: token_events(),
-        gap: Duration::from_millis(5),
-        usage: Some(usage_chunk()),
-    });
+    let b = streaming_backend().await;
     let gw = Gateway::start(&one_model("m", &[b.addr])).await;
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sdk/openai_stream.py");
     for (mode, chunks) in [("plain", 3), ("usage", 4)] {
@@ -270,5 +269,5 @@ async fn the_openai_python_sdk_reads_both_kinds_of_stream() {
         }
     }
     // Both streams were accounted.
-    assert_eq!(counters(&gw, &b).await, (1024.0, 1302.0, 0.0));
+    assert_counters(&gw, &b, (1024.0, 1302.0, 0.0)).await;
 }

@@ -5,20 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::support::gateway::{check_config_env, one_model};
-use crate::support::{chat, client, header, FakeBackend, Gateway, Reply};
-
-/// Poll `cond` until it holds or 10 s pass.
-async fn eventually<F, Fut>(what: &str, mut cond: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !cond().await {
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
+use crate::support::{chat, client, eventually, header, spawn_chat, FakeBackend, Gateway, Reply};
 
 async fn backend_metric(gw: &Gateway, name: &str, b: &FakeBackend) -> f64 {
     gw.metric(name, &[("model", "m"), ("backend", &b.addr.to_string())])
@@ -193,20 +180,14 @@ async fn queued_agents_go_before_queued_warmups() {
         ))
         .await,
     );
-    let holder = tokio::spawn({
-        let gw = gw.clone();
-        async move { chat(&gw, "m", Some("holder")).await.status() }
-    });
+    let holder = spawn_chat(&gw, "holder");
     eventually("slot taken", || async { b.count() == 1 }).await;
     let warm = tokio::spawn(warmup_request(&gw, "w").send());
     eventually("warmup queued", || async {
         backend_metric(&gw, "poimen_gateway_queue_depth", &b).await == 1.0
     })
     .await;
-    let agent = tokio::spawn({
-        let gw = gw.clone();
-        async move { chat(&gw, "m", Some("agent")).await.status() }
-    });
+    let agent = spawn_chat(&gw, "agent");
     eventually("agent queued", || async {
         backend_metric(&gw, "poimen_gateway_queue_depth", &b).await == 2.0
     })
@@ -296,10 +277,7 @@ async fn a_request_waiting_past_the_queue_timeout_gets_503() {
         ))
         .await,
     );
-    let holder = tokio::spawn({
-        let gw = gw.clone();
-        async move { chat(&gw, "m", None).await.status() }
-    });
+    let holder = spawn_chat(&gw, "holder");
     eventually("slot taken", || async { b.count() == 1 }).await;
     let resp = chat(&gw, "m", None).await;
     assert_eq!(resp.status(), 503);

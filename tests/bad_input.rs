@@ -7,7 +7,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::support::gateway::one_model;
-use crate::support::{chat_body, client, FakeBackend, Gateway};
+use crate::support::{chat_body, get, FakeBackend, Gateway};
 
 /// Send raw bytes, read the answer until the server closes or 5 s pass.
 async fn raw(gw: &Gateway, request: &[u8]) -> String {
@@ -84,15 +84,7 @@ async fn odd_headers_and_framing_get_clear_answers() {
     assert!(s == 0 || s == 400, "garbage: {s}");
 
     // Still healthy, never panicked.
-    assert_eq!(
-        client()
-            .get(gw.url("/health"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
+    assert_eq!(get(&gw, "/health").await.status(), 200);
     assert!(!gw.stderr().contains("panicked"), "{}", gw.stderr());
     // Long key, binary key, repeated key, HTTP/1.0: nothing else got through.
     assert_eq!(b.count(), 4);

@@ -2,7 +2,7 @@
 //! every client error OpenAI-shaped with the right status.
 
 use crate::support::gateway::one_model;
-use crate::support::{client, FakeBackend, Gateway};
+use crate::support::{client, get, FakeBackend, Gateway};
 
 /// A chat body of about `size` bytes with `model` as the last key.
 fn big_body(model: &str, size: usize) -> Vec<u8> {
@@ -126,16 +126,7 @@ async fn client_errors_are_openai_shaped() {
         "not_found",
     )
     .await;
-    assert_error(
-        client()
-            .get(gw.url("/v1/chat/completions"))
-            .send()
-            .await
-            .unwrap(),
-        404,
-        "not_found",
-    )
-    .await;
+    assert_error(get(&gw, "/v1/chat/completions").await, 404, "not_found").await;
     let two_keys = client()
         .post(gw.url("/v1/chat/completions"))
         .header("X-Poimen-Cache-Key", "a")

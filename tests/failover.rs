@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use poimen_gateway::selection::rank;
 
 use crate::support::gateway::one_model;
-use crate::support::{chat, client, header, FakeBackend, Gateway};
+use crate::support::{chat, client, get, header, FakeBackend, Gateway};
 
 /// A key whose rendezvous owner among `addrs` is `owner`.
 fn key_owned_by(owner: std::net::SocketAddr, addrs: &[std::net::SocketAddr]) -> String {
@@ -44,14 +44,7 @@ async fn a_dead_backend_is_excluded_then_returns_after_the_window() {
     assert_eq!(header(&resp, "x-poimen-backend"), b.addr.to_string());
     assert_eq!(header(&resp, "x-poimen-route"), "fallback");
 
-    let health: serde_json::Value = client()
-        .get(gw.url("/health"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let health: serde_json::Value = get(&gw, "/health").await.json().await.unwrap();
     let states: Vec<&str> = health["models"][0]["backends"]
         .as_array()
         .unwrap()
@@ -102,7 +95,7 @@ async fn all_backends_down_gives_503_with_retry_after() {
     let resp = chat(&gw, "m", None).await;
     assert_eq!(resp.status(), 503);
     assert!(header(&resp, "retry-after").parse::<u64>().unwrap() <= 30);
-    let health = client().get(gw.url("/health")).send().await.unwrap();
+    let health = get(&gw, "/health").await;
     assert_eq!(health.status(), 503);
 }
 

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::support::gateway::{one_model, temp_dir};
-use crate::support::{chat, client, header, FakeBackend, Gateway, Reply};
+use crate::support::{chat, client, get, header, FakeBackend, Gateway, Reply};
 
 async fn inflight(gw: &Gateway, b: &FakeBackend) -> f64 {
     gw.metric(
@@ -32,14 +32,7 @@ async fn a_hung_backend_gives_504_and_frees_the_slot() {
     assert_eq!(body["error"]["code"], "gateway_timeout");
     assert_eq!(inflight(&gw, &b).await, 0.0);
     // Slow is not dead: the backend is not excluded.
-    let health: serde_json::Value = client()
-        .get(gw.url("/health"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let health: serde_json::Value = get(&gw, "/health").await.json().await.unwrap();
     assert_eq!(health["models"][0]["backends"][0]["state"], "up");
 }
 
@@ -171,24 +164,8 @@ async fn api_keys_are_required_and_never_forwarded() {
         assert_eq!(v["error"]["code"], "invalid_api_key");
     }
     assert_eq!(b.count(), 0, "nothing reached the backend");
-    assert_eq!(
-        client()
-            .get(gw.url("/v1/models"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        401
-    );
-    assert_eq!(
-        client()
-            .get(gw.url("/health"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
+    assert_eq!(get(&gw, "/v1/models").await.status(), 401);
+    assert_eq!(get(&gw, "/health").await.status(), 200);
 
     assert_eq!(
         post(Some("Bearer client-key-1")).await.unwrap().status(),

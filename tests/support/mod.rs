@@ -7,6 +7,9 @@ pub mod metrics;
 pub use backend::{FakeBackend, Reply};
 pub use gateway::Gateway;
 
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
 use serde_json::json;
 
 pub fn client() -> reqwest::Client {
@@ -36,4 +39,28 @@ pub fn header(resp: &reqwest::Response, name: &str) -> String {
         .get(name)
         .map(|v| v.to_str().unwrap().to_string())
         .unwrap_or_default()
+}
+
+/// GET a path of the gateway.
+pub async fn get(gw: &Gateway, path: &str) -> reqwest::Response {
+    client().get(gw.url(path)).send().await.unwrap()
+}
+
+/// A chat completion in the background; resolves to its status.
+pub fn spawn_chat(gw: &Arc<Gateway>, key: &'static str) -> tokio::task::JoinHandle<u16> {
+    let gw = gw.clone();
+    tokio::spawn(async move { chat(&gw, "m", Some(key)).await.status().as_u16() })
+}
+
+/// Poll `cond` until it holds or 10 s pass.
+pub async fn eventually<F, Fut>(what: &str, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !cond().await {
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
