@@ -125,19 +125,20 @@ impl Gateway {
             .get(facts.model.as_ref())
             .ok_or_else(|| ApiError::UnknownModel(facts.model.to_string()))?;
         ctx.pool = Some(pool.clone());
-        if headers::is_completion(session.req_header()) {
-            // A stream whose client did not ask for usage: ask for it, and
-            // hide the extra chunk from the client.
-            let add_usage = self.config.stream_usage && facts.stream && !facts.stream_options;
+        let completion = headers::is_completion(session.req_header());
+        // A stream whose client did not ask for usage: ask for it, and hide
+        // the extra chunk from the client.
+        let add_usage =
+            completion && self.config.stream_usage && facts.stream && !facts.stream_options;
+        if completion {
             ctx.tracker = Some(Tracker::new(add_usage));
-            if add_usage {
-                ctx.body = Some(body::with_stream_usage(&raw).into());
-                ctx.body_rewritten = true;
-            }
         }
-        if ctx.body.is_none() {
-            ctx.body = Some(raw);
-        }
+        ctx.body_rewritten = add_usage;
+        ctx.body = Some(if add_usage {
+            body::with_stream_usage(&raw).into()
+        } else {
+            raw
+        });
         if ctx.warmup {
             self.warmup_delay(session).await?;
         }
