@@ -25,44 +25,46 @@ fn sse_chunks(n: usize) -> Vec<Bytes> {
 fn json_chunks(size: usize, chunk: usize) -> Vec<Bytes> {
     let content = "x".repeat(size);
     let body = format!("{{\"id\":\"chatcmpl-1\",\"object\":\"chat.completion\",\"choices\":[{{\"index\":0,\"message\":{{\"role\":\"assistant\",\"content\":\"{content}\"}}}}],\"usage\":{{\"prompt_tokens\":651,\"total_tokens\":667,\"completion_tokens\":16,\"prompt_tokens_details\":{{\"cached_tokens\":512}}}}}}");
-    body.as_bytes().chunks(chunk).map(Bytes::copy_from_slice).collect()
+    body.as_bytes()
+        .chunks(chunk)
+        .map(Bytes::copy_from_slice)
+        .collect()
 }
 
 fn bench(c: &mut Criterion) {
     let sse = sse_chunks(500);
     let json = json_chunks(256 * 1024, 16 * 1024);
+    let bytes = |chunks: &[Bytes]| chunks.iter().map(|c| c.len() as u64).sum::<u64>();
     let mut g = c.benchmark_group("scanner");
     for (name, chunks) in [("sse", &sse), ("json", &json)] {
-        let bytes: usize = chunks.iter().map(|c| c.len()).sum();
-        g.throughput(Throughput::Bytes(bytes as u64));
-        g.bench_with_input(BenchmarkId::new("copy-baseline", name), chunks, |b, chunks| {
+        g.throughput(Throughput::Bytes(bytes(chunks)));
+        g.bench_with_input(
+            BenchmarkId::new("copy-baseline", name),
+            chunks,
+            |b, chunks| {
+                b.iter(|| {
+                    let mut out = Vec::with_capacity(bytes(chunks) as usize);
+                    for c in chunks {
+                        out.extend_from_slice(c);
+                    }
+                    out
+                })
+            },
+        );
+    }
+    g.throughput(Throughput::Bytes(bytes(&sse)));
+    for (name, strip) in [("sse-scan", false), ("sse-strip", true)] {
+        g.bench_with_input(BenchmarkId::new(name, "sse"), &sse, |b, chunks| {
             b.iter(|| {
-                let mut out = Vec::with_capacity(bytes);
+                let mut s = SseScanner::new(strip);
                 for c in chunks {
-                    out.extend_from_slice(c);
+                    criterion::black_box(s.feed(c.clone()));
                 }
-                out
+                s.usage()
             })
         });
     }
-    g.bench_with_input(BenchmarkId::new("sse-scan", "sse"), &sse, |b, chunks| {
-        b.iter(|| {
-            let mut s = SseScanner::new(false);
-            for c in chunks {
-                criterion::black_box(s.feed(c.clone()));
-            }
-            s.usage()
-        })
-    });
-    g.bench_with_input(BenchmarkId::new("sse-strip", "sse"), &sse, |b, chunks| {
-        b.iter(|| {
-            let mut s = SseScanner::new(true);
-            for c in chunks {
-                criterion::black_box(s.feed(c.clone()));
-            }
-            s.usage()
-        })
-    });
+    g.throughput(Throughput::Bytes(bytes(&json)));
     g.bench_with_input(BenchmarkId::new("json-tail", "json"), &json, |b, chunks| {
         b.iter(|| {
             let mut s = JsonScanner::default();

@@ -11,6 +11,8 @@
 //!   for the usage itself), that usage-only event is removed from what the
 //!   client receives and every other byte passes unchanged.
 
+use std::sync::LazyLock;
+
 use bytes::{Bytes, BytesMut};
 use memchr::memmem;
 use serde::Deserialize;
@@ -19,6 +21,13 @@ use serde::Deserialize;
 pub const JSON_TAIL_BYTES: usize = 64 * 1024;
 /// An SSE event larger than this is passed on unscanned (and unstripped).
 pub const MAX_EVENT_BYTES: usize = 256 * 1024;
+
+/// Searchers built once: building one per search would cost more than the
+/// search itself on small events.
+static USAGE: LazyLock<memmem::Finder<'static>> =
+    LazyLock::new(|| memmem::Finder::new(b"\"usage\""));
+static USAGE_REV: LazyLock<memmem::FinderRev<'static>> =
+    LazyLock::new(|| memmem::FinderRev::new(b"\"usage\""));
 
 /// What vLLM reported about a request's prompt.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -49,7 +58,7 @@ impl From<UsageField> for Usage {
 
 /// Parse the usage object that follows the last `"usage"` key in `bytes`.
 fn last_usage(bytes: &[u8]) -> Option<Usage> {
-    let at = memmem::rfind(bytes, b"\"usage\"")?;
+    let at = USAGE_REV.rfind(bytes)?;
     let rest = &bytes[at + b"\"usage\"".len()..];
     let rest = rest
         .trim_ascii_start()
@@ -113,6 +122,15 @@ impl SseScanner {
     /// Feed one chunk; returns what the client should receive for it. Without
     /// `strip` that is the chunk itself.
     pub fn feed(&mut self, chunk: Bytes) -> Bytes {
+        // The common case: whole events, none with usage: nothing to read,
+        // and the chunk goes on as it is, without copying.
+        let plain = self.pending.is_empty()
+            && !self.oversized
+            && chunk.ends_with(b"\n\n")
+            && USAGE.find(&chunk).is_none();
+        if plain {
+            return chunk;
+        }
         if !self.strip {
             self.scan_only(&chunk);
             return chunk;
@@ -149,14 +167,26 @@ impl SseScanner {
 
     fn scan_only(&mut self, chunk: &[u8]) {
         let mut rest = chunk;
-        while !rest.is_empty() {
+        // Finish an event begun in an earlier chunk.
+        if !self.pending.is_empty() || self.oversized {
             let (event, tail) = self.take_event(rest);
             rest = tail;
-            if let Some(event) = event {
-                self.note_usage(&event);
-            } else if self.oversized {
-                self.pending.clear();
+            match event {
+                Some(event) => self.note_usage(&event),
+                // Still inside an oversized event: keep nothing of it.
+                None if self.oversized => self.pending.clear(),
+                None => {}
             }
+        }
+        // Whole events in this chunk are scanned in place.
+        while let Some(end) = find_event_end(rest) {
+            self.note_usage(&rest[..end]);
+            rest = &rest[end..];
+        }
+        if rest.len() > MAX_EVENT_BYTES {
+            self.oversized = true;
+        } else {
+            self.pending.extend_from_slice(rest);
         }
     }
 
@@ -192,7 +222,7 @@ impl SseScanner {
         let Some(data) = data_of(event) else {
             return false;
         };
-        if memmem::find(data, b"\"usage\"").is_none() {
+        if USAGE.find(data).is_none() {
             return false;
         }
         #[derive(Deserialize)]
@@ -238,8 +268,10 @@ fn find_event_end(buf: &[u8]) -> Option<usize> {
 
 /// The payload of an event's single `data:` line (vLLM sends one per event).
 fn data_of(event: &[u8]) -> Option<&[u8]> {
-    let at = memmem::find(event, b"data:")?;
-    let data = &event[at + 5..];
+    let data = match event.strip_prefix(b"data:") {
+        Some(data) => data,
+        None => &event[memmem::find(event, b"data:")? + 5..],
+    };
     let end = memchr::memchr(b'\n', data).unwrap_or(data.len());
     Some(data[..end].trim_ascii())
 }
