@@ -156,3 +156,26 @@ async fn a_backend_killed_under_load_fails_only_what_it_had() {
     );
     assert!(b.count() > 0);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_leaving_before_the_answer_is_not_a_backend_failure() {
+    let a = FakeBackend::start().await;
+    let b = FakeBackend::start().await;
+    a.set_delay(Duration::from_millis(800));
+    b.set_delay(Duration::from_millis(800));
+    let gw = Gateway::start(&one_model("m", &[a.addr, b.addr])).await;
+    for i in 0..4 {
+        let key = format!("gone-{i}");
+        let request = chat(&gw, "m", Some(&key));
+        // The client gives up while the backend is still working.
+        assert!(tokio::time::timeout(Duration::from_millis(200), request).await.is_err());
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Each abandoned request reached one backend once: no retry elsewhere.
+    assert_eq!(a.count() + b.count(), 4);
+    let health: serde_json::Value = get(&gw, "/health").await.json().await.unwrap();
+    for backend in health["models"][0]["backends"].as_array().unwrap() {
+        assert_eq!(backend["state"], "up", "{health}");
+    }
+    assert_eq!(gw.metric("poimen_gateway_backend_failures_total", &[]).await, 0.0);
+}

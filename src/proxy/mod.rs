@@ -334,7 +334,11 @@ impl ProxyHttp for Gateway {
         client_reused: bool,
     ) -> Box<Error> {
         let mut e = e.more_context(format!("Peer: {peer}"));
-        if ctx.response_started || !backend_unreachable(&e) {
+        if e.esource() != &ErrorSource::Upstream {
+            // The client went away: the backend did nothing wrong, and no
+            // one is left to answer.
+            e.set_retry(false);
+        } else if ctx.response_started || !backend_unreachable(&e) {
             // Part of the answer may have reached the client, or the backend
             // answered badly: a retry could duplicate or hide it.
             e.set_retry(false);
