@@ -168,7 +168,9 @@ async fn a_client_leaving_before_the_answer_is_not_a_backend_failure() {
         let key = format!("gone-{i}");
         let request = chat(&gw, "m", Some(&key));
         // The client gives up while the backend is still working.
-        assert!(tokio::time::timeout(Duration::from_millis(200), request).await.is_err());
+        assert!(tokio::time::timeout(Duration::from_millis(200), request)
+            .await
+            .is_err());
     }
     tokio::time::sleep(Duration::from_millis(1500)).await;
     // Each abandoned request reached one backend once: no retry elsewhere.
@@ -177,5 +179,9 @@ async fn a_client_leaving_before_the_answer_is_not_a_backend_failure() {
     for backend in health["models"][0]["backends"].as_array().unwrap() {
         assert_eq!(backend["state"], "up", "{health}");
     }
-    assert_eq!(gw.metric("poimen_gateway_backend_failures_total", &[]).await, 0.0);
+    assert_eq!(
+        gw.metric("poimen_gateway_backend_failures_total", &[])
+            .await,
+        0.0
+    );
 }
