@@ -191,3 +191,34 @@ async fn without_an_upstream_key_the_clients_authorization_is_removed() {
     assert_eq!(resp.status(), 200);
     assert!(b.seen()[0].headers.get("authorization").is_none());
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_slow_client_is_backpressured_and_its_slot_freed_when_it_leaves() {
+    let b = FakeBackend::start().await;
+    // 64 MiB of answer, far more than any buffer on the way.
+    b.set_reply(Reply::Json {
+        body: format!("{{\"data\":\"{}\"}}", "x".repeat(64 << 20)),
+        headers: Vec::new(),
+    });
+    let gw = Gateway::start(&one_model("m", &[b.addr])).await;
+    let before = gw.rss_kib();
+    let mut resp = chat(&gw, "m", None).await;
+    assert_eq!(resp.status(), 200);
+    let mut read = 0;
+    while read < 1 << 20 {
+        read += resp.chunk().await.unwrap().unwrap().len();
+    }
+    // The client stops reading: the gateway must not pull the rest in.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let during = gw.rss_kib();
+    assert!(
+        during < before + 16 * 1024,
+        "RSS grew from {before} KiB to {during} KiB"
+    );
+    assert_eq!(inflight(&gw, &b).await, 1.0);
+    drop(resp);
+    crate::support::eventually("slot freed", || async { inflight(&gw, &b).await == 0.0 }).await;
+    eprintln!(
+        "slow client: gateway RSS {before} KiB before, {during} KiB while 63 MiB waited upstream"
+    );
+}
