@@ -209,6 +209,14 @@ def tree_cpu_us(pid: int) -> float:
     return total * 1e6 / CLK_TCK
 
 
+def system_busy_us() -> float:
+    """CPU time (µs) all cores spent not idle since boot, from /proc/stat."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:9]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = v
+    return (user + nice + system + irq + softirq + steal) * 1e6 / CLK_TCK
+
+
 def rss_kib(pid: int) -> int:
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -318,6 +326,15 @@ def machine_line() -> str:
 
 def now_utc() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def build_info(bins: Path | None = None) -> str:
+    """'repo HEAD <rev> at run time; poimen-gateway built <time>' for reports."""
+    out = f"repo HEAD {git_rev()} at run time"
+    if bins is not None and (bins / "poimen-gateway").exists():
+        t = datetime.datetime.fromtimestamp((bins / "poimen-gateway").stat().st_mtime, datetime.timezone.utc)
+        out += f"; binaries `{bins}`, poimen-gateway built {t.strftime('%Y-%m-%d %H:%M UTC')}"
+    return out
 
 
 def git_rev() -> str:

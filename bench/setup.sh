@@ -4,6 +4,7 @@
 #   Debian: nginx (proxy under comparison and the near-free fake backends),
 #           wrk (saturated HTTP load), procps (ps, for ad-hoc checks)
 #   PyPI:   aiohttp (paced / SSE / routing / overload clients), matplotlib (chart)
+# With --profile also: linux-perf, strace, curl (for bench/overhead/profile.py only).
 # The gateway itself needs what scripts/setup.sh installs (cmake, a C toolchain).
 # Installing nginx does not start the distribution's nginx service when
 # policy-rc.d forbids it (containers); if it did start one, nothing here uses
@@ -17,6 +18,11 @@ need=()
 command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || need+=(nginx)
 command -v wrk >/dev/null || need+=(wrk)
 command -v ps >/dev/null || need+=(procps)
+if [ "${1:-}" = "--profile" ]; then
+  command -v perf >/dev/null || need+=(linux-perf)
+  command -v strace >/dev/null || need+=(strace)
+  command -v curl >/dev/null || need+=(curl)
+fi
 if [ ${#need[@]} -gt 0 ]; then
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}"

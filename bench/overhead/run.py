@@ -30,6 +30,7 @@ import sys
 import time
 from pathlib import Path
 
+sys.dont_write_bytecode = True  # no __pycache__ in the work tree
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import common as C  # noqa: E402
 
@@ -128,6 +129,21 @@ def proxy_conf(wd: Path, workers: int, port: int, backend_ports: list[int],
     return path
 
 
+def baseline_bin(bins: Path) -> Path | None:
+    """bench/overhead/pingora-baseline, built into the same target dir as the
+    gateway (cargo build --release --manifest-path ...) when missing."""
+    b = bins / "pingora-baseline"
+    if b.exists():
+        return b
+    env = dict(os.environ)
+    if bins.name == "release":
+        env["CARGO_TARGET_DIR"] = str(bins.parent)
+    print("building bench/overhead/pingora-baseline (cargo build --release) ...", flush=True)
+    r = subprocess.run(["cargo", "build", "--release", "--manifest-path", str(HERE / "pingora-baseline" / "Cargo.toml")],
+                       env=env)
+    return b if r.returncode == 0 and b.exists() else None
+
+
 def start_nginx(procs: C.Procs, name: str, conf: Path, port: int):
     chk = subprocess.run([C.nginx_bin(), "-t", "-c", str(conf)], capture_output=True, text=True)
     if chk.returncode != 0:
@@ -163,15 +179,22 @@ def measure(target: dict, backends_pid: int, script: str, conns: int, duration: 
     p0 = C.tree_cpu_us(proxy_pid)
     b0 = C.tree_cpu_us(backends_pid)
     w0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    s0 = C.system_busy_us()
     d = run_wrk(target["port"], script, conns, duration, extra)
     w1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    s1 = C.system_busy_us()
     p1 = C.tree_cpu_us(proxy_pid)
     b1 = C.tree_cpu_us(backends_pid)
+    time.sleep(1.0)  # a pause between runs: connections closed, sockets settled
     n = max(1, d["requests"])
     d["proxy_cpu_us_per_req"] = (p1 - p0) / n
     d["proxy_cpu_cores"] = (p1 - p0) / d["duration_us"]
     d["backend_cpu_us_per_req"] = (b1 - b0) / n
-    d["wrk_cpu_us_per_req"] = ((w1.ru_utime + w1.ru_stime) - (w0.ru_utime + w0.ru_stime)) * 1e6 / n
+    wrk_us = ((w1.ru_utime + w1.ru_stime) - (w0.ru_utime + w0.ru_stime)) * 1e6
+    d["wrk_cpu_us_per_req"] = wrk_us / n
+    ours = wrk_us + (b1 - b0) + (0 if proxy_pid == backends_pid else p1 - p0)
+    # CPU used by processes this bench did not start (other work on the machine), in cores
+    d["foreign_cores"] = max(0.0, (s1 - s0) - ours) / d["duration_us"]
     return d
 
 
@@ -309,6 +332,7 @@ def main() -> int:
     ap.add_argument("--sse-requests", type=int, default=1000, help="per target per round")
     ap.add_argument("--streams", type=int, default=1000)
     ap.add_argument("--out", default=str(C.RESULTS / "overhead.md"))
+    ap.add_argument("--no-baseline", action="store_true", help="skip the bare Pingora proxy (pingora-bare)")
     ap.add_argument("--keep-logs", action="store_true")
     a = ap.parse_args()
 
@@ -338,12 +362,16 @@ def main() -> int:
             {"name": FAKE_MODEL, "addresses": [f"127.0.0.1:{p}" for p in fake_ports]},
             {"name": FAST_MODEL, "addresses": [f"127.0.0.1:{p}" for p in sim_ports]},
         ]
-        sched = {"max_num_seqs": 100000, "max_queue_depth": 0}
-        cfg = C.gateway_yaml(wd, "gateway", gw_port, gw_metrics, models, threads=T, scheduler=sched,
-                             extra={"stream_usage": True})
+        sched = {"max_num_seqs": 4096, "max_queue_depth": 0}  # 4096 is the largest allowed; 32 connections never reach it
+        # Default failure_exclusion_secs (30). Before commit 2950572 the end of every
+        # wrk run (wrk closes connections with requests in flight) excluded all 4
+        # backends for 30 s; the integration test failover::a_client_leaving_before_the_answer_is_not_a_backend_failure guards it, and the
+        # report shows the gateways' failure counters.
+        gx = {"stream_usage": True}
+        cfg = C.gateway_yaml(wd, "gateway", gw_port, gw_metrics, models, threads=T, scheduler=sched, extra=gx)
         gw = C.start_gateway(procs, bins, "gateway", cfg, gw_port, rust_log="info")
         cfgq = C.gateway_yaml(wd, "gateway-quiet", gwq_port, gwq_metrics, models, threads=T, scheduler=sched,
-                              extra={"stream_usage": True})
+                              extra=gx)
         gwq = C.start_gateway(procs, bins, "gateway-quiet", cfgq, gwq_port, rust_log="warn")
 
         targets = [
@@ -352,17 +380,26 @@ def main() -> int:
             {"name": "gateway", "port": gw_port, "pid": gw.pid},
             {"name": "gateway-quiet", "port": gwq_port, "pid": gwq.pid},
         ]
+        bb = None if a.no_baseline else baseline_bin(bins)
+        if bb:
+            bare_port = C.free_port()
+            bare = procs.start("pingora-bare", [str(bb), f"127.0.0.1:{bare_port}", str(T)]
+                               + [f"127.0.0.1:{p}" for p in fake_ports])
+            C.wait_port(bare_port, proc=bare)
+            targets.append({"name": "pingora-bare", "port": bare_port, "pid": bare.pid})
         # sanity: every target answers 200 with the fake body
         for t in targets:
             d = run_wrk(t["port"], "chat.lua", 2, 1, [])
             if d["errors"] or d["requests"] == 0:
                 raise RuntimeError(f"{t['name']}: sanity run had errors: {d}")
+            time.sleep(1.0)
 
         # ---- 1. saturated, interleaved rounds
         print(f"saturated: {a.rounds} rounds x {len(targets)} targets x {a.duration:g}s, "
               f"wrk -t2 -c{a.conns}; proxies with {T} worker/thread", flush=True)
         for t in targets:  # warm-up, not counted
             run_wrk(t["port"], "chat.lua", a.conns, 3, [])
+            time.sleep(1.0)
         sat: dict[str, list[dict]] = {t["name"]: [] for t in targets}
         for r in range(a.rounds):
             order = targets if r % 2 == 0 else list(reversed(targets))
@@ -371,10 +408,10 @@ def main() -> int:
                 sat[t["name"]].append(d)
                 print(f"  round {r + 1} {t['name']:14s} {d['rps']:9.0f} req/s  p50 {fmt_ms(d['p50_us'])} ms  "
                       f"p99 {fmt_ms(d['p99_us'])} ms  proxy {d['proxy_cpu_us_per_req']:.1f} us/req  "
-                      f"errors {d['errors']}", flush=True)
+                      f"errors {d['errors']}  other load {d['foreign_cores']:.2f} cores", flush=True)
 
         # ---- 2. paced
-        paced_targets = targets[:3]
+        paced_targets = [t for t in targets if t["name"] != "gateway-quiet"]
         rate = a.paced_conns * 1000 / a.paced_delay_ms
         print(f"paced: ~{rate:.0f} req/s ({a.paced_conns} conns, delay {a.paced_delay_ms} ms), "
               f"{a.paced_rounds} rounds x {a.paced_duration:g}s", flush=True)
@@ -403,6 +440,12 @@ def main() -> int:
                 print(f"  round {r + 1} {name:8s} TTFB p50 {fmt_ms(d['ttfb_p50'])} ms  p99 {fmt_ms(d['ttfb_p99'])} ms"
                       f"  first token p50 {fmt_ms(d['tok_p50'])} ms", flush=True)
 
+        failures = {}
+        for name, mport in (("gateway", gw_metrics), ("gateway-quiet", gwq_metrics)):
+            m = C.http_get(f"http://127.0.0.1:{mport}/metrics")
+            failures[name] = (C.prom_values(m, "poimen_gateway_backend_failures_total"),
+                              sum(v for k, v in prom_codes(m).items() if k == "503"))
+
         # ---- 4. RSS: a fresh gateway, idle, then with STREAMS open streams
         for p in (gw, gwq):
             procs.stop(p)
@@ -424,15 +467,16 @@ def main() -> int:
         hold = asyncio.run(hold_streams(rss_port, gw_rss.pid, a.streams, 300))
         time.sleep(2.0)
         rss_after = C.rss_kib(gw_rss.pid)
-        inflight_after = C.prom_values(C.http_get(f"http://127.0.0.1:{rss_metrics}/metrics"),
-                                       "poimen_gateway_inflight")
+        m_rss = C.http_get(f"http://127.0.0.1:{rss_metrics}/metrics")
+        inflight_after = C.prom_values(m_rss, "poimen_gateway_inflight")
+        hold["failures"] = C.prom_values(m_rss, "poimen_gateway_backend_failures_total")
         print(f"  {hold['open']} streams open after {hold['open_secs']:.1f}s: RSS "
               f"{C.median(hold['rss_kib']) / 1024:.1f} MiB (samples {hold['rss_kib']}); after closing "
               f"{rss_after / 1024:.1f} MiB, inflight {inflight_after:g}; statuses {hold['statuses']}, "
               f"errors {hold['n_errors']}", flush=True)
 
         report = render(a, T, sat, paced, sse, rss_idle, hold, rss_after, inflight_after, bins,
-                        time.time() - t_start)
+                        time.time() - t_start, failures)
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(report)
         print()
@@ -448,10 +492,20 @@ def main() -> int:
             print(f"logs kept in {wd}", file=sys.stderr)
 
 
-def render(a, T, sat, paced, sse, rss_idle, hold, rss_after, inflight_after, bins, elapsed) -> str:
+def prom_codes(text: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("poimen_gateway_requests_total{"):
+            code = re.search(r'code="([^"]*)"', line).group(1)
+            out[code] = out.get(code, 0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def render(a, T, sat, paced, sse, rss_idle, hold, rss_after, inflight_after, bins, elapsed, failures) -> str:
     med = lambda rows, k: C.median([r[k] for r in rows])  # noqa: E731
     S = {n: {k: med(rows, k) for k in ("rps", "p50_us", "p99_us", "proxy_cpu_us_per_req",
-                                          "backend_cpu_us_per_req", "wrk_cpu_us_per_req", "proxy_cpu_cores")}
+                                          "backend_cpu_us_per_req", "wrk_cpu_us_per_req", "proxy_cpu_cores",
+                                          "foreign_cores")}
          for n, rows in sat.items()}
     errs = {n: sum(r["errors"] for r in rows) for n, rows in sat.items()}
     reqs = {n: sum(r["requests"] for r in rows) for n, rows in sat.items()}
@@ -460,14 +514,14 @@ def render(a, T, sat, paced, sse, rss_idle, hold, rss_after, inflight_after, bin
     w = L.append
     w("# poimen-gateway data-plane overhead")
     w("")
-    w(f"- date: {C.now_utc()}; gateway commit {C.git_rev()}; binaries from `{bins}`")
+    w(f"- date: {C.now_utc()}; {C.build_info(bins)}")
     w(f"- machine: {C.machine_line()}; wrk, proxy and backends all share the 2 cores")
     w(f"- nginx {subprocess.run([C.nginx_bin(), '-v'], capture_output=True, text=True).stderr.strip().split('/')[-1]}"
       f" (Debian), wrk {subprocess.run(['wrk', '-v'], capture_output=True, text=True).stdout.split()[1]} (Debian)")
     w(f"- proxies: **{T} worker/thread each** (nginx `worker_processes {T}`, gateway `threads: {T}`)")
-    w("- command: `bash bench/overhead/run.sh` "
-      f"(= `python3 bench/overhead/run.py --rounds {a.rounds} --duration {a.duration:g} --threads {T}`); "
-      f"total run time {elapsed / 60:.1f} min")
+    args = " ".join(sys.argv[1:])
+    w(f"- command: `bash bench/overhead/run.sh{(' ' + args) if args else ''}` (defaults: `--rounds {a.rounds} "
+      f"--duration {a.duration:g} --threads {T}`...); total run time {elapsed / 60:.1f} min")
     w("")
     w("## Saturated throughput")
     w("")
@@ -489,29 +543,46 @@ def render(a, T, sat, paced, sse, rss_idle, hold, rss_after, inflight_after, bin
     w("- `nginx`: `upstream { hash $http_x_poimen_cache_key consistent; server ...x4; keepalive 64; }`, "
       "`proxy_http_version 1.1; proxy_set_header Connection \"\";`, `access_log off`, "
       "`keepalive_requests 1000000` (client side and upstream, so neither side reconnects every 1,000 requests).")
-    w("- `gateway`: poimen-gateway, the 4 backends under one model, `scheduler: {max_num_seqs: 100000, "
+    w("- `gateway`: poimen-gateway, the 4 backends under one model, `scheduler: {max_num_seqs: 4096 (the largest the config allows; 32 connections never reach it), "
       "max_queue_depth: 0}`, `stream_usage: true`, default logging (`RUST_LOG=info`: one JSON "
       "`prefix_cache` line per request to stderr, redirected to a file).")
     w("- `gateway-quiet`: the same with `RUST_LOG=warn` (no per-request log line), to show what the log line costs.")
+    if "pingora-bare" in sat:
+        w(f"- `pingora-bare`: `bench/overhead/pingora-baseline`, the least a Pingora proxy does (same Pingora 0.9.1 "
+          f"and features, `threads: {T}`): `upstream_peer` hashes `X-Poimen-Cache-Key` over the 4 backends, the "
+          "body streams through, no body read before routing, no admission, accounting, metrics or logging. "
+          "The floor under the gateway: gateway − pingora-bare = what the gateway's own work costs.")
+    fails = ", ".join(f"{n}: {f:g} backend failures, {c:g} 503s" for n, (f, c) in failures.items())
+    w("- client disconnects: wrk closes its connections with requests in flight when a run ends. Before commit "
+      "2950572 the gateway counted each such disconnect as a backend failure, excluded the backend for 30 s and "
+      "retried the abandoned request on the next one, so after the first run all 4 backends were excluded and "
+      "every request got 503 `no_backend` (the integration test `failover::a_client_leaving_before_the_answer_is_not_a_backend_failure` guards it). "
+      f"Gateway counters over this whole run: {fails}.")
     w("- CPU µs/req = (utime+stime of the proxy's processes from /proc/<pid>/stat after the run − before) / "
       "requests completed; nginx = master + worker.")
     w("")
+    w("Why the gateway costs what it costs (perf and strace, `bench/overhead/profile.py`): "
+      "[overhead-analysis.md](overhead-analysis.md).")
+    w("")
     w("Where the CPU goes (medians, µs per request):")
     w("")
-    w("| target | proxy | backends | wrk | proxy cores busy |")
-    w("|---|---:|---:|---:|---:|")
+    w("| target | proxy | backends | wrk | proxy cores busy | other processes on the machine (cores) |")
+    w("|---|---:|---:|---:|---:|---:|")
     for n in sat:
         s = S[n]
         pc = "—" if n == "direct" else f"{s['proxy_cpu_us_per_req']:.1f}"
         cores = "—" if n == "direct" else f"{s['proxy_cpu_cores']:.2f}"
-        w(f"| {n} | {pc} | {s['backend_cpu_us_per_req']:.1f} | {s['wrk_cpu_us_per_req']:.1f} | {cores} |")
+        w(f"| {n} | {pc} | {s['backend_cpu_us_per_req']:.1f} | {s['wrk_cpu_us_per_req']:.1f} | {cores} | "
+          f"{s['foreign_cores']:.2f} |")
     w("")
-    w("Per round (req/s; proxy CPU µs/req):")
+    w("Per round (req/s; proxy CPU µs/req; CPU used meanwhile by processes this bench did not start, in cores "
+      "— other work on the shared machine):")
     w("")
     w("| target | " + " | ".join(f"round {i + 1}" for i in range(a.rounds)) + " |")
     w("|---|" + "---:|" * a.rounds)
     for n, rows in sat.items():
-        w(f"| {n} | " + " | ".join(f"{r['rps']:,.0f}; {r['proxy_cpu_us_per_req']:.1f}" for r in rows) + " |")
+        w(f"| {n} | " + " | ".join(f"{r['rps']:,.0f}; {r['proxy_cpu_us_per_req']:.1f}; {r['foreign_cores']:.2f}"
+                                   for r in rows) + " |")
     w("")
 
     P = {n: {k: med(rows, k) for k in ("rps", "p50_us", "p99_us", "proxy_cpu_us_per_req")}
@@ -575,7 +646,8 @@ def render(a, T, sat, paced, sse, rss_idle, hold, rss_after, inflight_after, bin
       f"(client + upstream connection, buffers, task); opening all took {hold['open_secs']:.1f} s; "
       f"gateway threads: {hold['threads']}")
     w(f"- responses: {hold['statuses']}, client errors {hold['n_errors']}; "
-      f"`poimen_gateway_inflight` after closing: {inflight_after:g} (slots freed on client disconnect)")
+      f"`poimen_gateway_inflight` after closing: {inflight_after:g} (slots freed on client disconnect); "
+      f"backend failures counted: {hold['failures']:g} (closing a stream after its headers is not one)")
     w("")
     return "\n".join(L) + "\n"
 

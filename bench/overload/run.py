@@ -23,6 +23,7 @@ import sys
 import time
 from pathlib import Path
 
+sys.dont_write_bytecode = True  # no __pycache__ in the work tree
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import common as C  # noqa: E402
 
@@ -183,7 +184,7 @@ def render(a, res, solo_secs, capacity, rss_idle, rss_after, metrics, sims, solo
     w = L.append
     w("# poimen-gateway admission under 10x overload")
     w("")
-    w(f"- date: {C.now_utc()}; gateway commit {C.git_rev()}")
+    w(f"- date: {C.now_utc()}; {C.build_info(C.bin_dir())}")
     w(f"- machine: {C.machine_line()}")
     w(f"- command: `python3 bench/overload/run.py` (`--rate {a.rate:g} --duration {a.duration:g} "
       f"--max-tokens {a.max_tokens} --decode-us {a.decode_us}`)")
@@ -207,7 +208,8 @@ def render(a, res, solo_secs, capacity, rss_idle, rss_after, metrics, sims, solo
     w("| | value |")
     w("|---|---:|")
     w(f"| requests offered | {len(recs):,} |")
-    w(f"| completed (200, whole answer) | {len(whole):,} ({len(whole) / res['offered_secs']:.1f} req/s over the offer) |")
+    w(f"| completed (200, whole answer) | {len(whole):,} ({len(whole) / res['done_secs']:.1f} req/s from the first "
+      f"request to the last answer, {res['done_secs']:.1f} s) |")
     w(f"| 503 `queue_full` | {len(full):,} ({len(full) / len(recs) * 100:.1f}%) |")
     w(f"| anything else (errors, timeouts, other codes, cut answers) | {len(other)} |")
     w(f"| time to a 503: p50 / p99 / max | {C.pct(t503, 50):.2f} / {C.pct(t503, 99):.2f} / {max(t503):.1f} ms |")

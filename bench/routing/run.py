@@ -14,12 +14,14 @@ Variants:
            about half of all requests carry one key
 Branches run concurrently, at most --concurrency at a time, in a seeded order.
 
-Modes (sims and gateway restarted before each: cold caches):
-  no-key   no X-Poimen-Cache-Key: round-robin
-  key      X-Poimen-Cache-Key = session id: rendezvous hash, overflow reject
-  spill    the same keys, scheduler.overflow: spill
-All modes: gateway max_num_seqs 4 (= the sims' --max-num-seqs) and a small
-max_queue_depth (2), so a hot backend overflows.
+Modes (sims and gateway restarted before each: cold caches); gateway
+max_num_seqs 4 (= the sims' --max-num-seqs) in all:
+  no-key    no X-Poimen-Cache-Key: round-robin; max_queue_depth 20 (default)
+  key       X-Poimen-Cache-Key = session id: rendezvous; max_queue_depth 20
+  key-q2    the same keys, a small max_queue_depth (2), overflow reject
+  spill-q2  the same keys, max_queue_depth 2, scheduler.overflow: spill
+key-q2 and spill-q2 differ only in `overflow`: a hot backend's overflow gets
+503 in one and goes to the next backend in the key's ranking in the other.
 
 Reported per mode: hit rate from the sims' own counters (sum over sims of
 vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total), TTFT p50/p99
@@ -42,6 +44,7 @@ import sys
 import time
 from pathlib import Path
 
+sys.dont_write_bytecode = True  # no __pycache__ in the work tree
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import common as C  # noqa: E402
 
@@ -211,8 +214,7 @@ async def run_workload(port: int, branches: list[dict], mode: str, concurrency: 
 # --------------------------------------------------------------------------
 
 
-def run_mode(bins, wd, procs, mode: str, variant: str, branches, a, kv_tokens: int) -> dict:
-    sim_ports = [C.free_port() for _ in range(4)]
+def run_mode(bins, wd, procs, mode: str, variant: str, branches, a, kv_tokens: int, sim_ports: list[int]) -> dict:
     sims = []
     for i, p in enumerate(sim_ports):
         sims.append(C.start_sim(procs, bins, f"sim-{variant}-{mode}-{i}", p,
@@ -220,8 +222,9 @@ def run_mode(bins, wd, procs, mode: str, variant: str, branches, a, kv_tokens: i
                                 "--time-scale", str(a.time_scale), "--max-model-len", "65536",
                                 model=MODEL))
     gw_port, gw_metrics = C.free_port(), C.free_port()
-    sched = {"max_num_seqs": 4, "max_queue_depth": a.queue_depth, "queue_timeout_ms": 120000,
-             "overflow": "spill" if mode == "spill" else "reject"}
+    small = mode.endswith("-q2")
+    sched = {"max_num_seqs": 4, "max_queue_depth": a.small_queue_depth if small else a.queue_depth,
+             "queue_timeout_ms": 120000, "overflow": "spill" if mode.startswith("spill") else "reject"}
     cfg = C.gateway_yaml(wd, f"gw-{variant}-{mode}", gw_port, gw_metrics,
                          [{"name": MODEL, "addresses": [f"127.0.0.1:{p}" for p in sim_ports]}],
                          threads=2, scheduler=sched, extra={"warmup": {"delay_ms": a.warmup_delay_ms}})
@@ -256,6 +259,7 @@ def run_mode(bins, wd, procs, mode: str, variant: str, branches, a, kv_tokens: i
         "prompt_tokens": queries, "cached_tokens": hits,
         "ttft_p50": C.pct(ttft, 50), "ttft_p99": C.pct(ttft, 99),
         "ttft_hot_p50": C.pct(hot_ttft, 50) if hot_ttft else float("nan"),
+        "ttft_hot_p99": C.pct(hot_ttft, 99) if hot_ttft else float("nan"),
         "rps": ok_all / res["wall"], "ptps": queries / res["wall"],
         "requests": len(recs), "ok": ok_all, "n503": n503,
         "n503_warmup": sum(1 for r in recs if r["status"] == 503 and r["kind"] == "warmup"),
@@ -271,7 +275,7 @@ def chart(path: Path, results: dict, oracles: dict, modes: list[str], variants: 
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.6))
+    fig, axes = plt.subplots(1, 4, figsize=(19, 4.8))
     xs = range(len(modes))
     width = 0.38
     colors = {"uniform": "#4C72B0", "hot": "#DD8452"}
@@ -282,15 +286,21 @@ def chart(path: Path, results: dict, oracles: dict, modes: list[str], variants: 
         axes[0].bar_label(bars, fmt="%.0f%%", fontsize=8)
         axes[0].axhline(oracles[v]["hit_rate"] * 100, color=colors[v], ls="--", lw=1,
                         label=f"oracle ({v}) {oracles[v]['hit_rate'] * 100:.0f}%")
-        for ai, k in ((1, "ttft_p50"), (2, "ttft_p99")):
+        for ai, k in ((1, "ttft_p50"), (2, "ttft_p99"), (3, "rps")):
             vals = [results[(v, m)][k] for m in modes]
             bars = axes[ai].bar([x + off for x in xs], vals, width, label=v, color=colors[v])
-            axes[ai].bar_label(bars, fmt="%.0f", fontsize=8)
+            axes[ai].bar_label(bars, fmt="%.1f" if k == "rps" else "%.0f", fontsize=8)
+        n503 = [results[(v, m)]["n503"] for m in modes]
+        for x, n in zip(xs, n503):
+            if n:
+                axes[3].annotate(f"{n:.0f} x 503", (x + off, 0.5), ha="center", fontsize=7, rotation=90,
+                                 color="white", va="bottom")
     axes[0].set_title("prefix-cache hit rate (sims' counters)")
     axes[0].set_ylabel("% of prompt tokens")
     axes[0].set_ylim(0, 105)
     axes[1].set_title("TTFT p50 (ms)")
     axes[2].set_title("TTFT p99 (ms)")
+    axes[3].set_title("throughput (completed req/s)")
     for ax in axes:
         ax.set_xticks(list(xs))
         ax.set_xticklabels(modes)
@@ -308,14 +318,15 @@ def main() -> int:
     ap.add_argument("--turns", type=int, default=5)
     ap.add_argument("--answer-tokens", type=int, default=32)
     ap.add_argument("--concurrency", type=int, default=16, help="branches in flight at once")
-    ap.add_argument("--time-scale", type=float, default=3.0, help="vllm-sim --time-scale")
-    ap.add_argument("--queue-depth", type=int, default=2, help="gateway max_queue_depth (every mode)")
+    ap.add_argument("--time-scale", type=float, default=4.0, help="vllm-sim --time-scale")
+    ap.add_argument("--queue-depth", type=int, default=20, help="gateway max_queue_depth of no-key and key")
+    ap.add_argument("--small-queue-depth", type=int, default=2, help="gateway max_queue_depth of key-q2, spill-q2")
     ap.add_argument("--warmup-delay-ms", type=int, default=100)
     ap.add_argument("--kv-tokens", type=int, default=0,
                     help="vllm-sim --kv-cache-tokens; 0 = a quarter of the uniform workload's distinct tokens")
-    ap.add_argument("--reps", type=int, default=2, help="repetitions of every (variant, mode); medians")
+    ap.add_argument("--reps", type=int, default=3, help="repetitions of every (variant, mode); medians")
     ap.add_argument("--variants", default="uniform,hot")
-    ap.add_argument("--modes", default="no-key,key,spill")
+    ap.add_argument("--modes", default="no-key,key,key-q2,spill-q2")
     ap.add_argument("--out", default=str(C.RESULTS / "routing.md"))
     ap.add_argument("--keep-logs", action="store_true")
     a = ap.parse_args()
@@ -343,10 +354,14 @@ def main() -> int:
     runs: dict[tuple, list[dict]] = {}
     try:
         for rep in range(a.reps):
+            # The rendezvous hash ranks backends by their address text, so the
+            # ports decide which sessions share a sim: the same 4 ports for every
+            # mode of a repetition, new ones for the next repetition.
+            sim_ports = [C.free_port() for _ in range(4)]
             for v in variants:
                 order = modes if rep % 2 == 0 else list(reversed(modes))
                 for m in order:
-                    r = run_mode(bins, wd, procs, m, v, workloads[v], a, kv)
+                    r = run_mode(bins, wd, procs, m, v, workloads[v], a, kv, sim_ports)
                     runs.setdefault((v, m), []).append(r)
                     print(f"  rep {rep + 1} {v:7s} {m:6s} hit {r['hit_rate'] * 100:5.1f}%  TTFT p50 "
                           f"{r['ttft_p50']:7.1f} ms p99 {r['ttft_p99']:7.1f} ms  {r['rps']:5.1f} req/s  "
@@ -355,7 +370,7 @@ def main() -> int:
                           flush=True)
                     if r["other_errors"]:
                         print(f"    examples: {r['other_error_examples']}", flush=True)
-        keys = ("hit_rate", "ttft_p50", "ttft_p99", "ttft_hot_p50", "rps", "ptps", "n503", "spills", "wall",
+        keys = ("hit_rate", "ttft_p50", "ttft_p99", "ttft_hot_p50", "ttft_hot_p99", "rps", "ptps", "n503", "spills", "wall",
                 "other_errors", "n503_warmup")
         med = {k: {f: C.median([r[f] for r in rs]) for f in keys} for k, rs in runs.items()}
         for k, rs in runs.items():
@@ -387,11 +402,12 @@ def render(a, kv, workloads, oracles, med, runs, modes, variants, png, elapsed) 
     w = L.append
     w("# poimen-gateway routing quality (vllm-sim)")
     w("")
-    w(f"- date: {C.now_utc()}; gateway commit {C.git_rev()}")
+    w(f"- date: {C.now_utc()}; {C.build_info(C.bin_dir())}")
     w(f"- machine: {C.machine_line()}")
     w(f"- command: `python3 bench/routing/run.py` (defaults: `--seed {a.seed} --sessions {a.sessions} "
       f"--turns {a.turns} --concurrency {a.concurrency} --time-scale {a.time_scale:g} --queue-depth "
-      f"{a.queue_depth} --reps {a.reps}`); total run time {elapsed / 60:.1f} min")
+      f"{a.queue_depth} --small-queue-depth {a.small_queue_depth} --reps {a.reps}`); total run time "
+      f"{elapsed / 60:.1f} min")
     w("")
     w("## Set-up")
     w("")
@@ -401,7 +417,8 @@ def render(a, kv, workloads, oracles, med, runs, modes, variants, png, elapsed) 
       f"{kv:,} tokens per sim = a quarter of the uniform workload's {oracles.get('uniform', next(iter(oracles.values())))['distinct_block_tokens']:,} "
       "distinct prompt tokens, i.e. one sim holds about a quarter of the sessions' contexts.")
     w(f"- gateway (`threads: 2`, restarted before every run): one model over the 4 sims, `scheduler: "
-      f"{{max_num_seqs: 4, max_queue_depth: {a.queue_depth}, overflow: reject|spill}}`, "
+      f"{{max_num_seqs: 4, max_queue_depth: {a.queue_depth} (no-key, key) or {a.small_queue_depth} (key-q2, "
+      f"spill-q2), overflow: reject (spill in spill-q2)}}`, "
       f"`warmup.delay_ms: {a.warmup_delay_ms}`, `stream_usage: true` (default).")
     w(f"- workload (seed {a.seed}): {a.sessions} sessions; system message = a 6,000-byte (1,500-token) system "
       "prompt shared by all sessions + a per-session memory context of 3,000–4,000 tokens; a warmup "
@@ -414,27 +431,36 @@ def render(a, kv, workloads, oracles, med, runs, modes, variants, png, elapsed) 
           + (f"; the hot session has {sum(1 for b in workloads[v] if b['session'] == 0)} branches "
              f"(sub-agents sharing its key and context; branches ∝ 1/rank^2.5) = "
              f"{med[(v, modes[0])]['hot_share'] * 100:.0f}% of requests" if v == "hot" else ""))
-    w("- modes: `no-key` = no `X-Poimen-Cache-Key` (round-robin); `key` = key per session (rendezvous, "
-      "overflow reject); `spill` = same keys, `overflow: spill`.")
+    w(f"- modes: `no-key` = no `X-Poimen-Cache-Key` (round-robin); `key` = key per session (rendezvous); "
+      f"`key-q2` = the same with `max_queue_depth: {a.small_queue_depth}` (overflow reject); `spill-q2` = the "
+      f"same with `overflow: spill` (differs from key-q2 only there).")
     w("- hit rate = Σ over the 4 sims of `vllm:prefix_cache_hits_total` / Σ `vllm:prefix_cache_queries_total` "
       "(the sims' own /metrics; warmups included). TTFT = request sent → first chunk with content, turns only. "
       "req/s = completed requests (warmups included) / wall time; prompt tok/s = Σ queries / wall time.")
     w("- oracle = the share of prompt tokens (warmups included) in leading full 16-token blocks that some "
       "earlier request's prompt also had (the sim's tokenization: 4 bytes per token, `<role>\\n<content>\\n` "
       "per message, chained blocks), i.e. one infinite cache; computed offline from the prompts.")
+    w("- the rendezvous hash ranks backends by their address text (`127.0.0.1:PORT`), so which sessions share a "
+      "sim depends on the ports: every repetition picks 4 new free ports and uses them for all its modes; with "
+      f"{a.sessions} keys on 4 sims the split is uneven and differs per repetition (see the per-sim counts).")
     w("")
     w(f"## Results (medians over {a.reps} repetitions; modes interleaved)")
     w("")
-    w("| variant | mode | hit rate | oracle | TTFT p50 ms | TTFT p99 ms | hot-session TTFT p50 ms | req/s | prompt tok/s "
+    w("| variant | mode | hit rate | oracle | TTFT p50 ms | TTFT p99 ms | session-0 TTFT p50 / p99 ms | req/s | prompt tok/s "
       "| 503s (warmups) | spills | requests per sim (last rep) |")
     w("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for v in variants:
         for m in modes:
             r = med[(v, m)]
             w(f"| {v} | {m} | {r['hit_rate'] * 100:.1f}% | {oracles[v]['hit_rate'] * 100:.1f}% | "
-              f"{r['ttft_p50']:.0f} | {r['ttft_p99']:.0f} | {r['ttft_hot_p50']:.0f} | {r['rps']:.1f} | "
+              f"{r['ttft_p50']:.0f} | {r['ttft_p99']:.0f} | {r['ttft_hot_p50']:.0f} / {r['ttft_hot_p99']:.0f} | {r['rps']:.1f} | "
               f"{r['ptps']:,.0f} | {r['n503']:.0f} ({r['n503_warmup']:.0f}) | {r['spills']:.0f} | "
               f"{' / '.join(str(x) for x in r['per_sim_requests'])} |")
+    w("")
+    w("session-0 is the hot session in `hot` (an ordinary one in `uniform`). 503s are 503 `queue_full` "
+      "answers (counted, not retried); spills are answers with `X-Poimen-Route: spill`. TTFT and req/s count "
+      "answered requests only, so a mode that refuses work (key-q2) looks faster than one that queues it (key): "
+      "read TTFT together with the 503 column.")
     w("")
     errs = sum(r["other_errors"] for rs in runs.values() for r in rs)
     w(f"Errors other than 503 over all runs: {errs}.")
