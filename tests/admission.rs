@@ -12,6 +12,20 @@ async fn backend_metric(gw: &Gateway, name: &str, b: &FakeBackend) -> f64 {
         .await
 }
 
+/// A backend that answers after `delay`, behind a gateway with one slot per
+/// backend and the `yaml` keys; its one slot already taken by "holder".
+async fn one_busy_slot(
+    delay: Duration,
+    yaml: &str,
+) -> (FakeBackend, Arc<Gateway>, tokio::task::JoinHandle<u16>) {
+    let b = FakeBackend::start().await;
+    b.set_delay(delay);
+    let gw = Arc::new(Gateway::start(&format!("{yaml}{}", one_model("m", &[b.addr]))).await);
+    let holder = spawn_chat(&gw, "holder");
+    eventually("slot taken", || async { b.count() == 1 }).await;
+    (b, gw, holder)
+}
+
 fn warmup_request(gw: &Gateway, key: &str) -> reqwest::RequestBuilder {
     client()
         .post(gw.url("/v1/chat/completions"))
@@ -171,17 +185,11 @@ async fn a_warmup_yields_to_agent_requests_and_is_marked_low_priority() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn queued_agents_go_before_queued_warmups() {
-    let b = FakeBackend::start().await;
-    b.set_delay(Duration::from_millis(800));
-    let gw = Arc::new(
-        Gateway::start(&format!(
-            "  scheduler: {{max_num_seqs: 1}}\n  warmup: {{delay_ms: 50}}\n{}",
-            one_model("m", &[b.addr])
-        ))
-        .await,
-    );
-    let holder = spawn_chat(&gw, "holder");
-    eventually("slot taken", || async { b.count() == 1 }).await;
+    let (b, gw, holder) = one_busy_slot(
+        Duration::from_millis(800),
+        "  scheduler: {max_num_seqs: 1}\n  warmup: {delay_ms: 50}\n",
+    )
+    .await;
     let warm = tokio::spawn(warmup_request(&gw, "w").send());
     eventually("warmup queued", || async {
         backend_metric(&gw, "poimen_gateway_queue_depth", &b).await == 1.0
@@ -268,17 +276,11 @@ async fn with_every_queue_full_spill_still_answers_503() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_request_waiting_past_the_queue_timeout_gets_503() {
-    let b = FakeBackend::start().await;
-    b.set_delay(Duration::from_secs(3));
-    let gw = Arc::new(
-        Gateway::start(&format!(
-            "  scheduler: {{max_num_seqs: 1, queue_timeout_ms: 300}}\n{}",
-            one_model("m", &[b.addr])
-        ))
-        .await,
-    );
-    let holder = spawn_chat(&gw, "holder");
-    eventually("slot taken", || async { b.count() == 1 }).await;
+    let (_b, gw, holder) = one_busy_slot(
+        Duration::from_secs(3),
+        "  scheduler: {max_num_seqs: 1, queue_timeout_ms: 300}\n",
+    )
+    .await;
     let resp = chat(&gw, "m", None).await;
     assert_eq!(resp.status(), 503);
     assert_eq!(header(&resp, "retry-after"), "1");
