@@ -416,6 +416,9 @@ impl ProxyHttp for Gateway {
         e: &Error,
         ctx: &mut RequestCtx,
     ) -> FailToProxy {
+        // The backend is done with this request: free its slot before the
+        // client hears about it.
+        ctx.permit = None;
         let api = ctx.error.take().or_else(|| match e.esource() {
             ErrorSource::Downstream => None,
             _ => Some(match e.etype() {
