@@ -10,6 +10,7 @@ are turned into exceptions so that `finally` runs on Ctrl-C or a kill too.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import math
 import os
@@ -168,6 +169,25 @@ def raise_nofile() -> None:
 
 def workdir(prefix: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=f"poimen-bench-{prefix}-"))
+
+
+@contextlib.contextmanager
+def bench_run(prefix: str, keep_logs: bool):
+    """A work directory and the processes of one bench run. Every process is
+    stopped at the end, however the run ends; the directory is removed after
+    a successful run unless the logs are to be kept."""
+    wd = workdir(prefix)
+    procs = Procs(wd)
+    ok = False
+    try:
+        yield wd, procs
+        ok = True
+    finally:
+        procs.stop_all()
+        if ok and not keep_logs:
+            shutil.rmtree(wd, ignore_errors=True)
+        else:
+            print(f"logs kept in {wd}", file=sys.stderr)
 
 
 # --------------------------------------------------------------------------

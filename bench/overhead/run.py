@@ -340,11 +340,8 @@ def main() -> int:
     C.raise_nofile()
     C.need_tools("wrk", "nginx")
     bins = C.bin_dir()
-    wd = C.workdir("overhead")
-    procs = C.Procs(wd)
     t_start = time.time()
-    ok = False
-    try:
+    with C.bench_run("overhead", a.keep_logs) as (wd, procs):
         T = a.threads
         fake_ports = [C.free_port() for _ in range(4)]
         sim_ports = [C.free_port() for _ in range(4)]
@@ -482,14 +479,7 @@ def main() -> int:
         print()
         print(report)
         print(f"written to {a.out}")
-        ok = True
         return 0
-    finally:
-        procs.stop_all()
-        if ok and not a.keep_logs:
-            subprocess.run(["rm", "-rf", str(wd)])
-        else:
-            print(f"logs kept in {wd}", file=sys.stderr)
 
 
 def prom_codes(text: str) -> dict[str, float]:

@@ -103,10 +103,7 @@ def main() -> int:
     C.signals_raise()
     C.raise_nofile()
     bins = C.bin_dir()
-    wd = C.workdir("overload")
-    procs = C.Procs(wd)
-    ok = False
-    try:
+    with C.bench_run("overload", a.keep_logs) as (wd, procs):
         sim_ports = [C.free_port() for _ in range(2)]
         sim_flags = ["--max-num-seqs", "64", "--decode-us-per-token", str(a.decode_us),
                      "--step-us-per-running-seq", "0"]
@@ -138,14 +135,7 @@ def main() -> int:
         print()
         print(report)
         print(f"written to {out}")
-        ok = True
         return 0
-    finally:
-        procs.stop_all()
-        if ok and not a.keep_logs:
-            subprocess.run(["rm", "-rf", str(wd)])
-        else:
-            print(f"logs kept in {wd}", file=sys.stderr)
 
 
 def prom_by_label(text: str, name: str, label: str) -> dict[str, float]:
@@ -212,7 +202,7 @@ def render(a, res, solo_secs, capacity, rss_idle, rss_after, metrics, sims, solo
       f"request to the last answer, {res['done_secs']:.1f} s) |")
     w(f"| 503 `queue_full` | {len(full):,} ({len(full) / len(recs) * 100:.1f}%) |")
     w(f"| anything else (errors, timeouts, other codes, cut answers) | {len(other)} |")
-    w(f"| time to a 503: p50 / p99 / max | {C.pct(t503, 50):.2f} / {C.pct(t503, 99):.2f} / {max(t503):.1f} ms |")
+    w(f"| time to a 503: p50 / p99 / max | {C.pct(t503, 50):.2f} / {C.pct(t503, 99):.2f} / {max(t503, default=0):.1f} ms |")
     w(f"| completed request latency: p50 / p99 / max | {C.pct(t200, 50):.0f} / {C.pct(t200, 99):.0f} / {max(t200):.0f} ms |")
     w(f"| `Retry-After` on the 503s | {', '.join(str(x) for x in retry_after)} |")
     w(f"| gateway RSS idle before / after the run | {rss_idle / 1024:.1f} / {rss_after / 1024:.1f} MiB |")

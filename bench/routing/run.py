@@ -347,12 +347,9 @@ def main() -> int:
     print(f"vllm-sim --kv-cache-tokens {kv} per sim (x4 = {4 * kv / base['distinct_block_tokens']:.2f} of the "
           f"uniform workload's distinct tokens)", flush=True)
 
-    wd = C.workdir("routing")
-    procs = C.Procs(wd)
-    ok = False
     t_start = time.time()
     runs: dict[tuple, list[dict]] = {}
-    try:
+    with C.bench_run("routing", a.keep_logs) as (wd, procs):
         for rep in range(a.reps):
             # The rendezvous hash ranks backends by their address text, so the
             # ports decide which sessions share a sim: the same 4 ports for every
@@ -387,14 +384,7 @@ def main() -> int:
         print()
         print(report)
         print(f"written to {out} and {png}")
-        ok = True
         return 0
-    finally:
-        procs.stop_all()
-        if ok and not a.keep_logs:
-            subprocess.run(["rm", "-rf", str(wd)])
-        else:
-            print(f"logs kept in {wd}", file=sys.stderr)
 
 
 def render(a, kv, workloads, oracles, med, runs, modes, variants, png, elapsed) -> str:
