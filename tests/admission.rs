@@ -216,18 +216,22 @@ async fn queued_agents_go_before_queued_warmups() {
     assert_eq!(keys, ["holder", "agent", "w"]);
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn spill_sends_the_overflow_to_the_second_ranked_backend() {
+/// Two slow backends of one slot each, no queue, `overflow: spill`.
+async fn two_slow_backends_with_spill() -> (FakeBackend, FakeBackend, Arc<Gateway>) {
     let (a, b) = (FakeBackend::start().await, FakeBackend::start().await);
     a.set_delay(Duration::from_millis(1500));
     b.set_delay(Duration::from_millis(1500));
-    let gw = Arc::new(
-        Gateway::start(&format!(
-            "  scheduler: {{max_num_seqs: 1, max_queue_depth: 0, overflow: spill}}\n{}",
-            one_model("m", &[a.addr, b.addr])
-        ))
-        .await,
-    );
+    let gw = Gateway::start(&format!(
+        "  scheduler: {{max_num_seqs: 1, max_queue_depth: 0, overflow: spill}}\n{}",
+        one_model("m", &[a.addr, b.addr])
+    ))
+    .await;
+    (a, b, Arc::new(gw))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn spill_sends_the_overflow_to_the_second_ranked_backend() {
+    let (a, b, gw) = two_slow_backends_with_spill().await;
     let owner = tokio::spawn({
         let gw = gw.clone();
         async move {
@@ -250,16 +254,7 @@ async fn spill_sends_the_overflow_to_the_second_ranked_backend() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn with_every_queue_full_spill_still_answers_503() {
-    let (a, b) = (FakeBackend::start().await, FakeBackend::start().await);
-    a.set_delay(Duration::from_millis(1500));
-    b.set_delay(Duration::from_millis(1500));
-    let gw = Arc::new(
-        Gateway::start(&format!(
-            "  scheduler: {{max_num_seqs: 1, max_queue_depth: 0, overflow: spill}}\n{}",
-            one_model("m", &[a.addr, b.addr])
-        ))
-        .await,
-    );
+    let (a, b, gw) = two_slow_backends_with_spill().await;
     let busy: Vec<_> = (0..2)
         .map(|_| {
             let gw = gw.clone();
