@@ -330,6 +330,11 @@ def median(xs):
     return statistics.median(xs) if xs else float("nan")
 
 
+def report_head(title: str, bins: Path, machine_note: str = "") -> list[str]:
+    """The first lines of every bench report: title, date and build, machine."""
+    return [f"# {title}", "", f"- date: {now_utc()}; {build_info(bins)}", f"- machine: {machine_line()}{machine_note}"]
+
+
 def machine_line() -> str:
     cpu = "?"
     try:

@@ -500,12 +500,9 @@ def render(a, T, sat, paced, sse, rss_idle, hold, rss_after, inflight_after, bin
     errs = {n: sum(r["errors"] for r in rows) for n, rows in sat.items()}
     reqs = {n: sum(r["requests"] for r in rows) for n, rows in sat.items()}
     d, ng = S["direct"], S["nginx"]
-    L = []
+    L = C.report_head("poimen-gateway data-plane overhead", bins,
+                      "; wrk, proxy and backends all share the 2 cores")
     w = L.append
-    w("# poimen-gateway data-plane overhead")
-    w("")
-    w(f"- date: {C.now_utc()}; {C.build_info(bins)}")
-    w(f"- machine: {C.machine_line()}; wrk, proxy and backends all share the 2 cores")
     w(f"- nginx {subprocess.run([C.nginx_bin(), '-v'], capture_output=True, text=True).stderr.strip().split('/')[-1]}"
       f" (Debian), wrk {subprocess.run(['wrk', '-v'], capture_output=True, text=True).stdout.split()[1]} (Debian)")
     w(f"- proxies: **{T} worker/thread each** (nginx `worker_processes {T}`, gateway `threads: {T}`)")

@@ -170,12 +170,8 @@ def render(a, res, solo_secs, capacity, rss_idle, rss_after, metrics, sims, solo
     max_run = max(s["max_running_seen"] for s in sims)
     retry_after = sorted({r.get("retry_after") for r in full})
     every_ok = (not other and len(whole) == len(ok200) and sim_ok == len(whole) == sim_req)
-    L = []
+    L = C.report_head("poimen-gateway admission under 10x overload", C.bin_dir())
     w = L.append
-    w("# poimen-gateway admission under 10x overload")
-    w("")
-    w(f"- date: {C.now_utc()}; {C.build_info(C.bin_dir())}")
-    w(f"- machine: {C.machine_line()}")
     w(f"- command: `python3 bench/overload/run.py` (`--rate {a.rate:g} --duration {a.duration:g} "
       f"--max-tokens {a.max_tokens} --decode-us {a.decode_us}`)")
     w("")

@@ -388,12 +388,8 @@ def main() -> int:
 
 
 def render(a, kv, workloads, oracles, med, runs, modes, variants, png, elapsed) -> str:
-    L = []
+    L = C.report_head("poimen-gateway routing quality (vllm-sim)", C.bin_dir())
     w = L.append
-    w("# poimen-gateway routing quality (vllm-sim)")
-    w("")
-    w(f"- date: {C.now_utc()}; {C.build_info(C.bin_dir())}")
-    w(f"- machine: {C.machine_line()}")
     w(f"- command: `python3 bench/routing/run.py` (defaults: `--seed {a.seed} --sessions {a.sessions} "
       f"--turns {a.turns} --concurrency {a.concurrency} --time-scale {a.time_scale:g} --queue-depth "
       f"{a.queue_depth} --small-queue-depth {a.small_queue_depth} --reps {a.reps}`); total run time "
