@@ -275,6 +275,7 @@ def gateway_yaml(wd: Path, name: str, listen: int, metrics: int, models: list[di
     cfg = {
         "version": 1,
         "threads": threads,
+        "work_stealing": False,  # as conf/gateway.yaml ships
         "pid_file": str(wd / f"{name}.pid"),
         "upgrade_sock": str(wd / f"{name}-upgrade.sock"),
         "grace_period_seconds": 1,

@@ -58,7 +58,7 @@ fn write_config(
 ) {
     let list: Vec<String> = backends.iter().map(|a| format!("\"{a}\"")).collect();
     let yaml = format!(
-        "version: 1\nthreads: 2\npid_file: {d}/gw.pid\nupgrade_sock: {d}/upgrade.sock\nerror_log: {d}/error.log\n\
+        "version: 1\nthreads: 2\nwork_stealing: false\npid_file: {d}/gw.pid\nupgrade_sock: {d}/upgrade.sock\nerror_log: {d}/error.log\n\
          grace_period_seconds: 3\ngraceful_shutdown_timeout_seconds: 1\n\
          gateway:\n  listen: \"127.0.0.1:{port}\"\n  metrics_listen: \"127.0.0.1:{metrics}\"\n\
          \x20 models:\n    - name: m\n      addresses: [{}]\n    - name: s\n      address: \"{stream}\"\n",

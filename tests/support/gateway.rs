@@ -85,7 +85,7 @@ impl Gateway {
         let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let yaml = format!(
-            "version: 1\nthreads: 2\npid_file: {dir}/gw.pid\nupgrade_sock: {dir}/upgrade.sock\ngrace_period_seconds: 1\ngraceful_shutdown_timeout_seconds: 1\ngateway:\n  listen: \"{addr}\"\n  metrics_listen: \"{metrics}\"\n{gateway_keys}",
+            "version: 1\nthreads: 2\nwork_stealing: false\npid_file: {dir}/gw.pid\nupgrade_sock: {dir}/upgrade.sock\ngrace_period_seconds: 1\ngraceful_shutdown_timeout_seconds: 1\ngateway:\n  listen: \"{addr}\"\n  metrics_listen: \"{metrics}\"\n{gateway_keys}",
             dir = dir.display()
         );
         let conf = dir.join("gateway.yaml");

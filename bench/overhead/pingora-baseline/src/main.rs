@@ -3,7 +3,8 @@
 //! The least a Pingora proxy does: one `ProxyHttp` whose `upstream_peer`
 //! hashes `X-Poimen-Cache-Key` (FNV-1a, modulo the backend count) to pick a
 //! backend, with Pingora's upstream connection pool. The request body
-//! streams through; nothing is parsed, counted or logged.
+//! streams through; nothing is parsed, counted or logged. Runs Pingora's
+//! no-steal runtime, as the gateway's shipped configuration does.
 
 use async_trait::async_trait;
 use pingora::prelude::*;
@@ -44,6 +45,7 @@ fn main() {
     }
     let conf = ServerConf {
         threads: args[2].parse().expect("THREADS is a number"),
+        work_stealing: false,
         ..ServerConf::default()
     };
     let mut server = Server::new_with_opt_and_conf(None, conf);
