@@ -264,7 +264,8 @@ def start_sim(procs: Procs, bins: Path, name: str, port: int, *flags: str,
 
 
 def gateway_yaml(wd: Path, name: str, listen: int, metrics: int, models: list[dict],
-                 threads: int = 2, scheduler: dict | None = None, extra: dict | None = None) -> Path:
+                 threads: int = 2, scheduler: dict | None = None, extra: dict | None = None,
+                 work_stealing: bool = False) -> Path:
     """Writes a gateway config (YAML is a superset of JSON: written as JSON)."""
     import json
     gw = {"listen": f"127.0.0.1:{listen}", "metrics_listen": f"127.0.0.1:{metrics}"}
@@ -275,7 +276,7 @@ def gateway_yaml(wd: Path, name: str, listen: int, metrics: int, models: list[di
     cfg = {
         "version": 1,
         "threads": threads,
-        "work_stealing": False,  # as conf/gateway.yaml ships
+        "work_stealing": work_stealing,  # False: as conf/gateway.yaml ships
         "pid_file": str(wd / f"{name}.pid"),
         "upgrade_sock": str(wd / f"{name}-upgrade.sock"),
         "grace_period_seconds": 1,

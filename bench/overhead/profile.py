@@ -8,7 +8,7 @@ gateway, gateway-quiet or pingora-bare; 1 worker/thread), then under wrk load
      (strace slows the proxy down; the counts, not the times, are the point)
   3. `perf record -e cpu-clock --call-graph dwarf` for 6 s of an 8 s run, and the
      samples grouped by where they land: kernel, malloc/free, memcpy, and the
-     Rust crate of the symbol (gateway proxies only)
+     Rust crate of the symbol (for nginx: nginx itself)
   4. `strace` of two single requests (curl): the syscalls one request makes
 Needs perf (Debian: linux-perf) and strace; skips what is missing.
 
@@ -36,6 +36,8 @@ import run as R  # noqa: E402
 def crate_of(dso: str, kind: str, sym: str) -> str:
     if kind == "k":
         return "kernel"
+    if dso == "nginx":
+        return "nginx"
     if "libc" in dso:
         if re.search(r"malloc|free|_int_|unlink_chunk|consolidate|tcache", sym):
             return "libc malloc/free"
@@ -99,7 +101,7 @@ def main() -> int:
             print(f"  syscalls per request (strace -c, {n} requests): {per}", flush=True)
             time.sleep(1)
 
-        if shutil.which("perf") and which != "nginx":
+        if shutil.which("perf"):
             data = wd / "perf.data"
             pr = subprocess.Popen(["perf", "record", "-F", "1999", "-e", "cpu-clock", "--call-graph", "dwarf,16384",
                                    "-p", str(pid), "-o", str(data), "--", "sleep", "6"],

@@ -5,8 +5,9 @@ proxy at all, in one run with interleaved rounds. Entry point: run.sh.
 Parts (all on 127.0.0.1, every process started here is stopped at the end):
   1. saturated: wrk (2 threads, 32 connections, chat.lua: ~2 KB chat bodies,
      "model" last, 64 keys in X-Poimen-Cache-Key) for DURATION s per round,
-     ROUNDS rounds x {direct, nginx, gateway, gateway-quiet}; backends: one
-     nginx (1 worker) answering a fixed chat-completion JSON on 4 ports.
+     ROUNDS rounds x {direct, nginx, gateway, gateway-quiet, gateway-steal,
+     pingora-bare}; backends: one nginx (1 worker) answering a fixed
+     chat-completion JSON on 4 ports.
      Reports req/s, p50/p99 latency and the proxy's CPU us per request
      (utime+stime from /proc/<pid>/stat over the run / requests completed).
   2. paced: wrk + paced.lua (delay()) at ~RATE req/s, latency vs direct.
@@ -370,12 +371,17 @@ def main() -> int:
         cfgq = C.gateway_yaml(wd, "gateway-quiet", gwq_port, gwq_metrics, models, threads=T, scheduler=sched,
                               extra=gx)
         gwq = C.start_gateway(procs, bins, "gateway-quiet", cfgq, gwq_port, rust_log="warn")
+        gws_port, gws_metrics = C.free_port(), C.free_port()
+        cfgs = C.gateway_yaml(wd, "gateway-steal", gws_port, gws_metrics, models, threads=T, scheduler=sched,
+                              extra=gx, work_stealing=True)
+        gws = C.start_gateway(procs, bins, "gateway-steal", cfgs, gws_port, rust_log="info")
 
         targets = [
             {"name": "direct", "port": fake_ports[0], "pid": backends.pid},
             {"name": "nginx", "port": proxy_port, "pid": proxy.pid},
             {"name": "gateway", "port": gw_port, "pid": gw.pid},
             {"name": "gateway-quiet", "port": gwq_port, "pid": gwq.pid},
+            {"name": "gateway-steal", "port": gws_port, "pid": gws.pid},
         ]
         bb = None if a.no_baseline else baseline_bin(bins)
         if bb:
@@ -408,7 +414,7 @@ def main() -> int:
                       f"errors {d['errors']}  other load {d['foreign_cores']:.2f} cores", flush=True)
 
         # ---- 2. paced
-        paced_targets = [t for t in targets if t["name"] != "gateway-quiet"]
+        paced_targets = [t for t in targets if t["name"] not in ("gateway-quiet", "gateway-steal")]
         rate = a.paced_conns * 1000 / a.paced_delay_ms
         print(f"paced: ~{rate:.0f} req/s ({a.paced_conns} conns, delay {a.paced_delay_ms} ms), "
               f"{a.paced_rounds} rounds x {a.paced_duration:g}s", flush=True)
@@ -438,7 +444,7 @@ def main() -> int:
                       f"  first token p50 {fmt_ms(d['tok_p50'])} ms", flush=True)
 
         failures = {}
-        for name, mport in (("gateway", gw_metrics), ("gateway-quiet", gwq_metrics)):
+        for name, mport in (("gateway", gw_metrics), ("gateway-quiet", gwq_metrics), ("gateway-steal", gws_metrics)):
             m = C.http_get(f"http://127.0.0.1:{mport}/metrics")
             failures[name] = (C.prom_values(m, "poimen_gateway_backend_failures_total"),
                               sum(v for k, v in prom_codes(m).items() if k == "503"))
@@ -507,7 +513,7 @@ def render(a, T, sat, paced, sse, rss_idle, hold, rss_after, inflight_after, bin
       f" (Debian), wrk {subprocess.run(['wrk', '-v'], capture_output=True, text=True).stdout.split()[1]} (Debian)")
     w(f"- proxies: **{T} worker/thread each** (nginx `worker_processes {T}`, gateway `threads: {T}`)")
     args = " ".join(sys.argv[1:])
-    w(f"- command: `bash bench/overhead/run.sh{(' ' + args) if args else ''}` (defaults: `--rounds {a.rounds} "
+    w(f"- command: `bash bench/overhead/run.sh{(' ' + args) if args else ''}` (in effect: `--rounds {a.rounds} "
       f"--duration {a.duration:g} --threads {T}`...); total run time {elapsed / 60:.1f} min")
     w("")
     w("## Saturated throughput")
@@ -534,6 +540,8 @@ def render(a, T, sat, paced, sse, rss_idle, hold, rss_after, inflight_after, bin
       "max_queue_depth: 0}`, `stream_usage: true`, default logging (`RUST_LOG=info`: one JSON "
       "`prefix_cache` line per request to stderr, redirected to a file).")
     w("- `gateway-quiet`: the same with `RUST_LOG=warn` (no per-request log line), to show what the log line costs.")
+    w("- `gateway-steal`: `gateway` on tokio's work-stealing runtime (`work_stealing: true`, Pingora's default) "
+      "instead of the no-steal runtime the shipped configuration selects, to show what that choice saves.")
     if "pingora-bare" in sat:
         w(f"- `pingora-bare`: `bench/overhead/pingora-baseline`, the least a Pingora proxy does (same Pingora 0.9.1 "
           f"and features, `threads: {T}`): `upstream_peer` hashes `X-Poimen-Cache-Key` over the 4 backends, the "
