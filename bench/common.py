@@ -370,6 +370,6 @@ def git_rev() -> str:
                              text=True).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--", "src", "Cargo.toml", "Cargo.lock"],
                                cwd=REPO, capture_output=True, text=True).stdout.strip()
-        return rev + (" (+ uncommitted changes in src/)" if dirty else "")
+        return rev + (" (+ uncommitted changes to src/ or Cargo.*)" if dirty else "")
     except OSError:
         return "?"
