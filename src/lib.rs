@@ -11,6 +11,7 @@ pub mod config;
 pub mod errors;
 pub mod exclusion;
 pub mod health;
+pub mod logging;
 pub mod metrics;
 pub mod pool;
 pub mod proxy;

@@ -11,7 +11,7 @@ use poimen_gateway::config::GatewayConfig;
 use poimen_gateway::proxy::Gateway;
 
 fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    poimen_gateway::logging::init();
     let opt = Opt::parse_args();
     let Some(path) = opt.conf.clone() else {
         eprintln!("poimen-gateway: a configuration file is required: -c FILE");

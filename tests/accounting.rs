@@ -67,18 +67,26 @@ fn chat(stream: Option<&str>) -> String {
     format!(r#"{{"messages":[{{"role":"user","content":"hi"}}]{extra},"model":"m"}}"#)
 }
 
-/// The `prefix_cache` log lines of the gateway so far, parsed.
+/// Every line the gateway has logged so far, each parsed as one JSON object.
+fn log_lines(gw: &Gateway) -> Vec<serde_json::Value> {
+    gw.stderr()
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value =
+                serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"));
+            assert!(v.is_object(), "not an object: {l}");
+            v
+        })
+        .collect()
+}
+
+/// The `prefix_cache` log lines of the gateway so far.
 async fn cache_lines(gw: &Gateway, n: usize) -> Vec<serde_json::Value> {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
-        let lines: Vec<serde_json::Value> = gw
-            .stderr()
-            .lines()
-            .filter(|l| l.contains("poimen_gateway::cache"))
-            .map(|l| {
-                let json = &l[l.find('{').unwrap()..];
-                serde_json::from_str(json).unwrap_or_else(|e| panic!("not JSON ({e}): {json}"))
-            })
+        let lines: Vec<serde_json::Value> = log_lines(gw)
+            .into_iter()
+            .filter(|v| v["target"] == "poimen_gateway::cache")
             .collect();
         if lines.len() >= n || std::time::Instant::now() > deadline {
             return lines;
@@ -138,6 +146,8 @@ async fn header_body_and_both_with_exact_counters_and_log_lines() {
     let lines = cache_lines(&gw, 6).await;
     assert_eq!(lines.len(), 6);
     let first = &lines[0];
+    assert_eq!(first["level"], "INFO");
+    assert!(first["ts"].as_str().is_some_and(|t| t.ends_with('Z')));
     assert_eq!(first["event"], "prefix_cache");
     assert_eq!(first["cache_key"], "sess-1");
     assert_eq!(first["cached_tokens"], 64);
@@ -154,6 +164,13 @@ async fn header_body_and_both_with_exact_counters_and_log_lines() {
     assert_eq!(body_only["route"], "round_robin");
     assert!((body_only["hit_rate"].as_f64().unwrap() - 512.0 / 651.0).abs() < 1e-9);
     assert_eq!(lines[5]["cached_tokens"], 600);
+    // Pingora's own lines are JSON objects too, their text in `msg`.
+    assert!(log_lines(&gw).iter().any(|v| {
+        v["target"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("pingora"))
+            && v["msg"].is_string()
+    }));
     let requests = gw
         .metric(
             "poimen_gateway_requests_total",
