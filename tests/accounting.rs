@@ -67,24 +67,12 @@ fn chat(stream: Option<&str>) -> String {
     format!(r#"{{"messages":[{{"role":"user","content":"hi"}}]{extra},"model":"m"}}"#)
 }
 
-/// Every line the gateway has logged so far, each parsed as one JSON object.
-fn log_lines(gw: &Gateway) -> Vec<serde_json::Value> {
-    gw.stderr()
-        .lines()
-        .map(|l| {
-            let v: serde_json::Value =
-                serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"));
-            assert!(v.is_object(), "not an object: {l}");
-            v
-        })
-        .collect()
-}
-
 /// The `prefix_cache` log lines of the gateway so far.
 async fn cache_lines(gw: &Gateway, n: usize) -> Vec<serde_json::Value> {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
-        let lines: Vec<serde_json::Value> = log_lines(gw)
+        let lines: Vec<serde_json::Value> = gw
+            .log_lines()
             .into_iter()
             .filter(|v| v["target"] == "poimen_gateway::cache")
             .collect();
@@ -165,7 +153,7 @@ async fn header_body_and_both_with_exact_counters_and_log_lines() {
     assert!((body_only["hit_rate"].as_f64().unwrap() - 512.0 / 651.0).abs() < 1e-9);
     assert_eq!(lines[5]["cached_tokens"], 600);
     // Pingora's own lines are JSON objects too, their text in `msg`.
-    assert!(log_lines(&gw).iter().any(|v| {
+    assert!(gw.log_lines().iter().any(|v| {
         v["target"]
             .as_str()
             .is_some_and(|t| t.starts_with("pingora"))

@@ -7,7 +7,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::support::gateway::one_model;
-use crate::support::{chat_body, get, FakeBackend, Gateway};
+use crate::support::{chat_body, eventually, get, FakeBackend, Gateway};
 
 /// Send raw bytes, read the answer until the server closes or 5 s pass.
 async fn raw(gw: &Gateway, request: &[u8]) -> String {
@@ -52,6 +52,16 @@ async fn odd_headers_and_framing_get_clear_answers() {
     // Same key twice is one key.
     let twice = format!("X-Poimen-Cache-Key: a\r\nX-Poimen-Cache-Key: a\r\n{len}");
     assert_eq!(status(&raw(&gw, &post(&twice, &body)).await), 200);
+    // A UTF-8 key is logged as it is; invalid bytes as U+FFFD.
+    let utf8_key = format!("X-Poimen-Cache-Key: sesión-ü\r\n{len}");
+    assert_eq!(status(&raw(&gw, &post(&utf8_key, &body)).await), 200);
+    eventually("the cache lines of all four keyed requests", || async {
+        gw.logged_cache_keys().len() == 4
+    })
+    .await;
+    let keys = gw.logged_cache_keys();
+    assert_eq!(keys[1], "\u{fffd}".repeat(3));
+    assert_eq!(keys[3], "sesión-ü");
 
     // A huge header block is refused, not a crash.
     let huge = format!("X-Poimen-Cache-Key: {}\r\n{len}", "h".repeat(1024 * 1024));
@@ -86,6 +96,6 @@ async fn odd_headers_and_framing_get_clear_answers() {
     // Still healthy, never panicked.
     assert_eq!(get(&gw, "/health").await.status(), 200);
     assert!(!gw.stderr().contains("panicked"), "{}", gw.stderr());
-    // Long key, binary key, repeated key, HTTP/1.0: nothing else got through.
-    assert_eq!(b.count(), 4);
+    // Long, binary, repeated and UTF-8 keys, HTTP/1.0: nothing else got through.
+    assert_eq!(b.count(), 5);
 }

@@ -55,8 +55,13 @@ impl Gateway {
                 .with_label_values(&labels)
                 .inc_by(prompt);
         }
+        // Header values may carry any byte; the log shows UTF-8 as it is.
+        let cache_key = ctx
+            .cache_key
+            .as_ref()
+            .map(|k| String::from_utf8_lossy(k.as_bytes()));
         let record = Record {
-            cache_key: ctx.cache_key.as_ref().and_then(|k| k.to_str().ok()),
+            cache_key: cache_key.as_deref(),
             usage,
             model,
             backend: &backend,

@@ -158,6 +158,28 @@ impl Gateway {
     pub fn stderr(&self) -> String {
         read(&self.dir.join("stderr.log"))
     }
+
+    /// Every line logged so far, each parsed as one JSON object.
+    pub fn log_lines(&self) -> Vec<serde_json::Value> {
+        self.stderr()
+            .lines()
+            .map(|l| {
+                let v: serde_json::Value =
+                    serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"));
+                assert!(v.is_object(), "not an object: {l}");
+                v
+            })
+            .collect()
+    }
+
+    /// The `cache_key` of every `prefix_cache` line logged so far.
+    pub fn logged_cache_keys(&self) -> Vec<serde_json::Value> {
+        self.log_lines()
+            .into_iter()
+            .filter(|v| v["event"] == "prefix_cache")
+            .map(|v| v["cache_key"].clone())
+            .collect()
+    }
 }
 
 fn read(path: &Path) -> String {
