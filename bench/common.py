@@ -194,6 +194,16 @@ def bench_run(prefix: str, keep_logs: bool):
 # /proc
 
 
+def strace_counts(path: Path) -> dict[str, int]:
+    """Calls per syscall from an `strace -c -o path` summary."""
+    calls = {}
+    for line in path.read_text().splitlines():
+        f = line.split()
+        if len(f) >= 5 and f[0][0].isdigit() and f[-1] != "total":
+            calls[f[-1]] = int(f[3])
+    return calls
+
+
 def cpu_ticks(pid: int) -> int:
     """utime + stime of one process (all its threads), in clock ticks."""
     with open(f"/proc/{pid}/stat") as f:

@@ -5,22 +5,23 @@
 //! their fields at the top level; any other message, Pingora's included, goes
 //! into `msg` as a string.
 
+use std::fmt::Display;
 use std::io::Write;
 
 /// Installs the logger: `RUST_LOG` filters, `info` by default.
 pub fn init() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
         .format(|buf, record| {
-            let ts = buf.timestamp_millis().to_string();
+            let ts = buf.timestamp_millis();
             let message = record.args().to_string();
-            write_line(buf, &ts, record.level(), record.target(), &message)
+            write_line(buf, ts, record.level(), record.target(), &message)
         })
         .init();
 }
 
 fn write_line(
     out: &mut impl Write,
-    ts: &str,
+    ts: impl Display,
     level: log::Level,
     target: &str,
     message: &str,

@@ -71,11 +71,7 @@ fn chat(stream: Option<&str>) -> String {
 async fn cache_lines(gw: &Gateway, n: usize) -> Vec<serde_json::Value> {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
-        let lines: Vec<serde_json::Value> = gw
-            .log_lines()
-            .into_iter()
-            .filter(|v| v["target"] == "poimen_gateway::cache")
-            .collect();
+        let lines = gw.cache_lines();
         if lines.len() >= n || std::time::Instant::now() > deadline {
             return lines;
         }

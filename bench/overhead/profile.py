@@ -90,11 +90,7 @@ def main() -> int:
             st.send_signal(2)
             st.wait()
             n = d["requests"]
-            calls = {}
-            for line in trace.read_text().splitlines():
-                f = line.split()
-                if len(f) >= 5 and f[0][0].isdigit() and f[-1] not in ("total",):
-                    calls[f[-1]] = int(f[3])
+            calls = C.strace_counts(trace)
             per = {k: round(v / n, 2) for k, v in sorted(calls.items(), key=lambda kv: -kv[1]) if v / n >= 0.05}
             out["syscalls_per_request"] = per
             out["syscalls_total_per_request"] = round(sum(calls.values()) / n, 2)

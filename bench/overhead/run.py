@@ -347,8 +347,6 @@ def main() -> int:
         fake_ports = [C.free_port() for _ in range(4)]
         sim_ports = [C.free_port() for _ in range(4)]
         proxy_port, proxy_sse_port = C.free_port(), C.free_port()
-        gw_port, gw_metrics = C.free_port(), C.free_port()
-        gwq_port, gwq_metrics = C.free_port(), C.free_port()
 
         backends = start_nginx(procs, "backends", backends_conf(wd, fake_ports), fake_ports[-1])
         for i, p in enumerate(sim_ports):
@@ -365,24 +363,18 @@ def main() -> int:
         # wrk run (wrk closes connections with requests in flight) excluded all 4
         # backends for 30 s; the integration test failover::a_client_leaving_before_the_answer_is_not_a_backend_failure guards it, and the
         # report shows the gateways' failure counters.
-        gx = {"stream_usage": True}
-        cfg = C.gateway_yaml(wd, "gateway", gw_port, gw_metrics, models, threads=T, scheduler=sched, extra=gx)
-        gw = C.start_gateway(procs, bins, "gateway", cfg, gw_port, rust_log="info")
-        cfgq = C.gateway_yaml(wd, "gateway-quiet", gwq_port, gwq_metrics, models, threads=T, scheduler=sched,
-                              extra=gx)
-        gwq = C.start_gateway(procs, bins, "gateway-quiet", cfgq, gwq_port, rust_log="warn")
-        gws_port, gws_metrics = C.free_port(), C.free_port()
-        cfgs = C.gateway_yaml(wd, "gateway-steal", gws_port, gws_metrics, models, threads=T, scheduler=sched,
-                              extra=gx, work_stealing=True)
-        gws = C.start_gateway(procs, bins, "gateway-steal", cfgs, gws_port, rust_log="info")
+        gateways = {}  # name -> (process, port, metrics port)
+        for name, rust_log, work_stealing in (("gateway", "info", False), ("gateway-quiet", "warn", False),
+                                              ("gateway-steal", "info", True)):
+            port, mport = C.free_port(), C.free_port()
+            cfg = C.gateway_yaml(wd, name, port, mport, models, threads=T, scheduler=sched,
+                                 extra={"stream_usage": True}, work_stealing=work_stealing)
+            gateways[name] = (C.start_gateway(procs, bins, name, cfg, port, rust_log=rust_log), port, mport)
 
         targets = [
             {"name": "direct", "port": fake_ports[0], "pid": backends.pid},
             {"name": "nginx", "port": proxy_port, "pid": proxy.pid},
-            {"name": "gateway", "port": gw_port, "pid": gw.pid},
-            {"name": "gateway-quiet", "port": gwq_port, "pid": gwq.pid},
-            {"name": "gateway-steal", "port": gws_port, "pid": gws.pid},
-        ]
+        ] + [{"name": name, "port": port, "pid": p.pid} for name, (p, port, _) in gateways.items()]
         bb = None if a.no_baseline else baseline_bin(bins)
         if bb:
             bare_port = C.free_port()
@@ -429,7 +421,7 @@ def main() -> int:
                       f"p99 {fmt_ms(d['p99_us'])} ms  proxy {d['proxy_cpu_us_per_req']:.1f} us/req", flush=True)
 
         # ---- 3. SSE time to first byte
-        sse_targets = [("direct", sim_ports[0]), ("nginx", proxy_sse_port), ("gateway", gw_port)]
+        sse_targets = [("direct", sim_ports[0]), ("nginx", proxy_sse_port), ("gateway", gateways["gateway"][1])]
         print(f"SSE: {a.sse_rounds} rounds x {a.sse_requests} sequential streams per target "
               f"(vllm-sim --time-scale 0)", flush=True)
         sse: dict[str, list[dict]] = {n: [] for n, _ in sse_targets}
@@ -444,13 +436,13 @@ def main() -> int:
                       f"  first token p50 {fmt_ms(d['tok_p50'])} ms", flush=True)
 
         failures = {}
-        for name, mport in (("gateway", gw_metrics), ("gateway-quiet", gwq_metrics), ("gateway-steal", gws_metrics)):
+        for name, (_, _, mport) in gateways.items():
             m = C.http_get(f"http://127.0.0.1:{mport}/metrics")
             failures[name] = (C.prom_values(m, "poimen_gateway_backend_failures_total"),
                               sum(v for k, v in prom_codes(m).items() if k == "503"))
 
         # ---- 4. RSS: a fresh gateway, idle, then with STREAMS open streams
-        for p in (gw, gwq):
+        for p, _, _ in gateways.values():
             procs.stop(p)
         slow_ports = [C.free_port() for _ in range(4)]
         for i, p in enumerate(slow_ports):

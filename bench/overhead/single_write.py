@@ -64,20 +64,17 @@ def build_patched(bins: Path) -> Path:
     return target / "release" / "pingora-baseline"
 
 
-def sends_per_request(pid: int, port: int) -> float | None:
+def sends_per_request(wd: Path, pid: int, port: int) -> float | None:
     if not shutil.which("strace"):
         return None
-    out = Path(f"/tmp/poimen-single-write-{pid}.txt")
+    out = wd / f"strace-{pid}.txt"
     st = subprocess.Popen(["strace", "-c", "-f", "-e", "trace=sendto,sendmsg,write,writev", "-p", str(pid),
                            "-o", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(0.5)
     d = R.run_wrk(port, "chat.lua", 32, 3, [])
     st.send_signal(2)
     st.wait()
-    calls = sum(int(f[3]) for f in (ln.split() for ln in out.read_text().splitlines())
-                if len(f) >= 5 and f[0][0].isdigit() and f[-1] != "total")
-    out.unlink()
-    return calls / max(1, d["requests"])
+    return sum(C.strace_counts(out).values()) / max(1, d["requests"])
 
 
 def main() -> int:
@@ -117,7 +114,7 @@ def main() -> int:
         print("|---|---:|---:|---:|---:|---:|")
         for t in targets:
             rs = rows[t["name"]]
-            sends = sends_per_request(t["pid"], t["port"])
+            sends = sends_per_request(wd, t["pid"], t["port"])
             print(f"| {t['name']} | {C.median([d['rps'] for d in rs]):,.0f} | "
                   f"{C.median([d['proxy_cpu_us_per_req'] for d in rs]):.1f} | "
                   f"{C.median([d['backend_cpu_us_per_req'] for d in rs]):.1f} | "

@@ -172,11 +172,18 @@ impl Gateway {
             .collect()
     }
 
-    /// The `cache_key` of every `prefix_cache` line logged so far.
-    pub fn logged_cache_keys(&self) -> Vec<serde_json::Value> {
+    /// The `prefix_cache` lines logged so far.
+    pub fn cache_lines(&self) -> Vec<serde_json::Value> {
         self.log_lines()
             .into_iter()
             .filter(|v| v["event"] == "prefix_cache")
+            .collect()
+    }
+
+    /// The `cache_key` of every `prefix_cache` line logged so far.
+    pub fn logged_cache_keys(&self) -> Vec<serde_json::Value> {
+        self.cache_lines()
+            .into_iter()
             .map(|v| v["cache_key"].clone())
             .collect()
     }
