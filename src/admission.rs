@@ -9,6 +9,7 @@
 //! error) cannot leak a slot or a place.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -44,6 +45,8 @@ pub struct Gauges {
 pub struct Admission {
     limits: Limits,
     state: Mutex<State>,
+    /// In flight plus queued, readable without the lock (routing reads it).
+    load: AtomicUsize,
     gauges: Gauges,
 }
 
@@ -71,6 +74,7 @@ impl Admission {
         Arc::new(Admission {
             limits,
             state: Mutex::default(),
+            load: AtomicUsize::new(0),
             gauges,
         })
     }
@@ -80,9 +84,14 @@ impl Admission {
     }
 
     /// (in flight, queued) right now.
-    pub fn load(&self) -> (usize, usize) {
+    pub fn counts(&self) -> (usize, usize) {
         let st = self.lock();
         (st.running, st.queued())
+    }
+
+    /// Requests in flight plus queued, as of the last change.
+    pub fn load(&self) -> usize {
+        self.load.load(Ordering::Relaxed)
     }
 
     /// Take a slot if one is free, else a queue place if one is free, else
@@ -121,6 +130,7 @@ impl Admission {
     }
 
     fn publish(&self, st: &State) {
+        self.load.store(st.running + st.queued(), Ordering::Relaxed);
         self.gauges.inflight.set(st.running as i64);
         self.gauges.queued.set(st.queued() as i64);
     }

@@ -7,6 +7,12 @@
 
 use sha2::{Digest, Sha256};
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum KeysError {
+    #[error("no keys in the file")]
+    Empty,
+}
+
 #[derive(Clone)]
 pub struct ApiKeys {
     digests: Vec<[u8; 32]>,
@@ -22,7 +28,7 @@ impl std::fmt::Debug for ApiKeys {
 impl ApiKeys {
     /// Parse a keys file: one key per line, or its SHA-256 as 64 hex digits;
     /// blank lines and lines starting with `#` are ignored.
-    pub fn parse(text: &str) -> Result<Self, String> {
+    pub fn parse(text: &str) -> Result<Self, KeysError> {
         let digests: Vec<[u8; 32]> = text
             .lines()
             .map(str::trim)
@@ -30,7 +36,7 @@ impl ApiKeys {
             .map(|l| hex_digest(l).unwrap_or_else(|| Sha256::digest(l.as_bytes()).into()))
             .collect();
         if digests.is_empty() {
-            return Err("no keys in the file".into());
+            return Err(KeysError::Empty);
         }
         Ok(ApiKeys { digests })
     }
@@ -89,6 +95,9 @@ mod tests {
 
     #[test]
     fn an_empty_file_is_refused() {
-        assert!(ApiKeys::parse("# nothing\n\n").is_err());
+        assert_eq!(
+            ApiKeys::parse("# nothing\n\n").unwrap_err(),
+            KeysError::Empty
+        );
     }
 }

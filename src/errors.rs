@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use pingora::http::ResponseHeader;
+use pingora::{ErrorSource, ErrorType};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -104,6 +105,20 @@ impl ApiError {
     }
 }
 
+/// What the client is told when proxying failed with a Pingora error of
+/// `etype` from `source`: nothing when the client itself is gone.
+pub fn from_proxy_error(source: &ErrorSource, etype: &ErrorType) -> Option<ApiError> {
+    if *source == ErrorSource::Downstream {
+        return None;
+    }
+    Some(match etype {
+        ErrorType::ConnectTimedout | ErrorType::ReadTimedout | ErrorType::WriteTimedout => {
+            ApiError::GatewayTimeout
+        }
+        other => ApiError::BadGateway(other.as_str().to_string()),
+    })
+}
+
 /// A response header for a JSON body of `len` bytes.
 pub fn json_header(status: u16, len: usize) -> ResponseHeader {
     let mut header = ResponseHeader::build(status, Some(4)).expect("valid status code");
@@ -125,6 +140,22 @@ mod tests {
         assert_eq!(v["error"]["code"], "model_not_found");
         assert_eq!(v["error"]["message"], "the model `x` does not exist");
         assert_eq!(e.status(), 404);
+    }
+
+    #[test]
+    fn proxy_errors_map_to_gateway_errors() {
+        let status = |source, etype| from_proxy_error(&source, &etype).map(|e| e.status());
+        use ErrorSource::*;
+        assert_eq!(status(Upstream, ErrorType::ReadTimedout), Some(504));
+        assert_eq!(status(Upstream, ErrorType::ConnectTimedout), Some(504));
+        assert_eq!(status(Internal, ErrorType::WriteTimedout), Some(504));
+        assert_eq!(status(Upstream, ErrorType::ConnectRefused), Some(502));
+        assert_eq!(status(Upstream, ErrorType::InvalidHTTPHeader), Some(502));
+        assert_eq!(status(Downstream, ErrorType::ReadTimedout), None);
+        assert_eq!(status(Downstream, ErrorType::ConnectionClosed), None);
+        let e = from_proxy_error(&Upstream, &ErrorType::ConnectRefused).unwrap();
+        assert_eq!(e.kind().1, "bad_gateway");
+        assert!(e.to_string().contains("ConnectRefused"), "{e}");
     }
 
     #[test]

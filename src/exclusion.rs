@@ -44,6 +44,11 @@ impl Exclusions {
         was_excluded
     }
 
+    /// The backends this window covers.
+    pub fn addrs(&self) -> impl Iterator<Item = &SocketAddr> {
+        self.until.keys()
+    }
+
     pub fn is_excluded(&self, addr: &SocketAddr, now: Instant) -> bool {
         self.remaining(addr, now).is_some()
     }

@@ -64,13 +64,11 @@ impl HealthCheck for RestoreOnHealthy {
         };
         if streak >= self.consecutive_ok && self.exclusions.clear(addr, Instant::now()) {
             info!(
-                "{}",
-                serde_json::json!({
-                    "event": "backend_restored",
-                    "model": self.model,
-                    "backend": addr.to_string(),
-                    "healthy_checks": streak,
-                })
+                event = "backend_restored",
+                model = self.model.as_str(),
+                backend:display = addr,
+                healthy_checks = streak;
+                ""
             );
         }
         result

@@ -15,4 +15,5 @@ pub mod logging;
 pub mod metrics;
 pub mod pool;
 pub mod proxy;
-pub mod selection;
+pub mod retry;
+pub mod routing;

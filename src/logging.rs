@@ -1,107 +1,136 @@
 //! Log lines as JSON objects, one per line, for journald and log shippers.
 //!
-//! Every line carries `ts`, `level` and `target`. The gateway's structured
-//! events (a message that is itself a JSON object, e.g. `prefix_cache`) keep
-//! their fields at the top level; any other message, Pingora's included, goes
-//! into `msg` as a string.
+//! Every line carries `ts`, `level` and `target`. A structured event is a
+//! log record with key-values (the `log` crate's `kv`), e.g.
+//! `info!(event = "backend_restored", model = name; "")`: its fields follow
+//! at the top level, in the order written, each serialised as JSON. Any
+//! other message, Pingora's included, goes into `msg` as a string.
 
 use std::fmt::Display;
 use std::io::Write;
+
+use log::kv::{Error as KvError, Key, Value, VisitSource};
 
 /// Installs the logger: `RUST_LOG` filters, `info` by default.
 pub fn init() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
         .format(|buf, record| {
             let ts = buf.timestamp_millis();
-            let message = record.args().to_string();
-            write_line(buf, ts, record.level(), record.target(), &message)
+            write_line(buf, ts, record)
         })
         .init();
 }
 
-fn write_line(
-    out: &mut impl Write,
-    ts: impl Display,
-    level: log::Level,
-    target: &str,
-    message: &str,
-) -> std::io::Result<()> {
-    write!(
-        out,
-        r#"{{"ts":"{ts}","level":"{level}","target":{}"#,
-        serde_json::Value::from(target)
-    )?;
-    match event_fields(target, message) {
-        Some("") => writeln!(out, "}}"),
-        Some(fields) => writeln!(out, ",{fields}}}"),
-        None => writeln!(out, r#","msg":{}}}"#, serde_json::Value::from(message)),
+fn write_line(out: &mut impl Write, ts: impl Display, record: &log::Record) -> std::io::Result<()> {
+    let level = record.level();
+    write!(out, r#"{{"ts":"{ts}","level":"{level}","target":"#)?;
+    serde_json::to_writer(&mut *out, record.target())?;
+    let mut fields = Fields { out, count: 0 };
+    // A failed write is reported by the writer itself below.
+    let _ = record.key_values().visit(&mut fields);
+    let has_fields = fields.count > 0;
+    let message = record.args();
+    // Events carry an empty message; a plain message is always shown.
+    let text = match message.as_str() {
+        Some(s) => std::borrow::Cow::Borrowed(s),
+        None => std::borrow::Cow::Owned(message.to_string()),
+    };
+    if !has_fields || !text.is_empty() {
+        write!(out, r#","msg":"#)?;
+        serde_json::to_writer(&mut *out, text.as_ref())?;
     }
+    writeln!(out, "}}")
 }
 
-/// The inside of a structured event (`{...}` minus the braces). Only the
-/// gateway's own messages qualify: they are serialized JSON objects, where a
-/// text from elsewhere that merely starts with `{` might not be.
-fn event_fields<'a>(target: &str, message: &'a str) -> Option<&'a str> {
-    if !target.starts_with("poimen_gateway") {
-        return None;
+/// Writes each key-value as `,"key":<JSON value>`.
+struct Fields<'a, W: Write> {
+    out: &'a mut W,
+    count: usize,
+}
+
+impl<'kvs, W: Write> VisitSource<'kvs> for Fields<'_, W> {
+    fn visit_pair(&mut self, key: Key<'kvs>, value: Value<'kvs>) -> Result<(), KvError> {
+        self.count += 1;
+        write!(self.out, ",").map_err(KvError::boxed)?;
+        serde_json::to_writer(&mut *self.out, key.as_str()).map_err(KvError::boxed)?;
+        write!(self.out, ":").map_err(KvError::boxed)?;
+        serde_json::to_writer(&mut *self.out, &value).map_err(KvError::boxed)
     }
-    message.strip_prefix('{')?.strip_suffix('}').map(str::trim)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use log::kv::ToValue;
     use log::Level;
 
-    fn line(target: &str, message: &str) -> serde_json::Value {
+    const TS: &str = "2026-11-30T18:00:00.123Z";
+
+    fn render(record: &log::Record) -> serde_json::Value {
         let mut out = Vec::new();
-        write_line(
-            &mut out,
-            "2026-11-30T18:00:00.123Z",
-            Level::Info,
-            target,
-            message,
-        )
-        .unwrap();
+        write_line(&mut out, TS, record).unwrap();
         let text = String::from_utf8(out).unwrap();
         assert_eq!(text.matches('\n').count(), 1, "one line: {text}");
         assert!(text.ends_with('\n'));
         serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
     }
 
+    fn text(target: &str, message: &str) -> serde_json::Value {
+        render(
+            &log::Record::builder()
+                .level(Level::Info)
+                .target(target)
+                .args(format_args!("{message}"))
+                .build(),
+        )
+    }
+
     #[test]
-    fn an_event_keeps_its_fields_at_the_top() {
-        let v = line(
-            "poimen_gateway::cache",
-            r#"{"event":"prefix_cache","cached_tokens":512}"#,
+    fn an_event_keeps_its_fields_at_the_top_in_order() {
+        let kvs: &[(&str, Value)] = &[
+            ("event", Value::from("prefix_cache")),
+            ("cached_tokens", Value::from(512u64)),
+            ("cache_key", None::<&str>.to_value()),
+            ("hit_rate", Value::from(0.5f64)),
+        ];
+        let record = log::Record::builder()
+            .level(Level::Info)
+            .target("poimen_gateway::cache")
+            .args(format_args!(""))
+            .key_values(&kvs)
+            .build();
+        let mut out = Vec::new();
+        write_line(&mut out, TS, &record).unwrap();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            format!(
+                r#"{{"ts":"{TS}","level":"INFO","target":"poimen_gateway::cache","event":"prefix_cache","cached_tokens":512,"cache_key":null,"hit_rate":0.5}}"#
+            ) + "\n"
         );
-        assert_eq!(v["ts"], "2026-11-30T18:00:00.123Z");
-        assert_eq!(v["level"], "INFO");
-        assert_eq!(v["target"], "poimen_gateway::cache");
-        assert_eq!(v["event"], "prefix_cache");
-        assert_eq!(v["cached_tokens"], 512);
-        assert!(v.get("msg").is_none());
     }
 
     #[test]
     fn text_goes_into_msg_escaped() {
-        let v = line("pingora_core::server", "Bootstrap \"done\"\n\tnext\\");
+        let v = text("pingora_core::server", "Bootstrap \"done\"\n\tnext\\");
         assert_eq!(v["target"], "pingora_core::server");
         assert_eq!(v["msg"], "Bootstrap \"done\"\n\tnext\\");
     }
 
     #[test]
-    fn braces_from_elsewhere_are_text() {
-        let v = line("pingora_proxy", "{not json");
-        assert_eq!(v["msg"], "{not json");
-        let v = line("pingora_proxy", "{a} b {c}");
+    fn json_looking_text_stays_text() {
+        // Only key-values make an event: a message that looks like JSON,
+        // from the gateway or elsewhere, is a string.
+        let v = text("pingora_proxy", r#"{"event":"x"}"#);
+        assert_eq!(v["msg"], r#"{"event":"x"}"#);
+        assert!(v.get("event").is_none());
+        let v = text("poimen_gateway", "{a} b {c}");
         assert_eq!(v["msg"], "{a} b {c}");
     }
 
     #[test]
-    fn an_empty_event_is_still_an_object() {
-        let v = line("poimen_gateway", "{}");
-        assert_eq!(v["target"], "poimen_gateway");
-        assert_eq!(v.as_object().unwrap().len(), 3);
+    fn an_empty_message_is_still_a_line() {
+        let v = text("poimen_gateway", "");
+        assert_eq!(v.as_object().unwrap().len(), 4);
+        assert_eq!(v["msg"], "");
     }
 }

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 
 use pingora::prelude::*;
 use pingora::proxy::http_proxy_service;
+use pingora::services::background::background_service;
 use poimen_gateway::config::GatewayConfig;
 use poimen_gateway::proxy::Gateway;
 
@@ -50,8 +51,8 @@ fn main() -> ExitCode {
     metrics.add_tcp(&metrics_listen.to_string());
     server.add_service(proxy);
     server.add_service(metrics);
-    for service in health_checks {
-        server.add_service(service);
+    for (name, service) in health_checks {
+        server.add_service(background_service(&name, service));
     }
     server.run_forever()
 }

@@ -17,7 +17,7 @@ use prometheus::{
 };
 
 use crate::admission::Gauges;
-use crate::pool::ModelPool;
+use crate::exclusion::Exclusions;
 
 fn counter(name: &str, help: &str) -> IntCounter {
     register_int_counter!(name, help).expect("metric names are unique and valid")
@@ -143,10 +143,11 @@ pub static TIME_TO_FIRST_BYTE: LazyLock<HistogramVec> = LazyLock::new(|| {
     .expect("metric names are unique and valid")
 });
 
-/// `poimen_gateway_backend_excluded{model,backend}`: 0/1, read from the
-/// pools at scrape time, so it falls back to 0 when the window ends.
+/// `poimen_gateway_backend_excluded{model,backend}`: 0/1, read from each
+/// model's exclusions at scrape time, so it falls back to 0 when the window
+/// ends.
 struct ExclusionCollector {
-    pools: Vec<Arc<ModelPool>>,
+    models: Vec<(String, Arc<Exclusions>)>,
     gauge: IntGaugeVec,
 }
 
@@ -157,20 +158,18 @@ impl Collector for ExclusionCollector {
 
     fn collect(&self) -> Vec<MetricFamily> {
         let now = Instant::now();
-        for pool in &self.pools {
-            for addr in pool.addrs() {
-                let g: IntGauge = self
-                    .gauge
-                    .with_label_values(&[&pool.name, &addr.to_string()]);
-                g.set(i64::from(pool.exclusions().is_excluded(addr, now)));
+        for (model, exclusions) in &self.models {
+            for addr in exclusions.addrs() {
+                let g: IntGauge = self.gauge.with_label_values(&[model, &addr.to_string()]);
+                g.set(i64::from(exclusions.is_excluded(addr, now)));
             }
         }
         self.gauge.collect()
     }
 }
 
-/// Export the exclusion state of these pools.
-pub fn register_exclusions(pools: Vec<Arc<ModelPool>>) {
+/// Export the exclusion state of these models' backends.
+pub fn register_exclusions(models: Vec<(String, Arc<Exclusions>)>) {
     let gauge = IntGaugeVec::new(
         Opts::new(
             "poimen_gateway_backend_excluded",
@@ -179,7 +178,7 @@ pub fn register_exclusions(pools: Vec<Arc<ModelPool>>) {
         BACKEND,
     )
     .expect("valid metric");
-    if let Err(e) = prometheus::register(Box::new(ExclusionCollector { pools, gauge })) {
+    if let Err(e) = prometheus::register(Box::new(ExclusionCollector { models, gauge })) {
         log::warn!("backend exclusion metric not registered: {e}");
     }
 }

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use poimen_gateway::selection::rank;
+use poimen_gateway::routing::rendezvous::rank;
 
 use crate::support::gateway::one_model;
 use crate::support::{chat, client, get, header, FakeBackend, Gateway};

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 
-use poimen_gateway::selection::rank;
+use poimen_gateway::routing::rendezvous::rank;
 
 use crate::support::gateway::one_model;
 use crate::support::{chat, header, FakeBackend, Gateway};

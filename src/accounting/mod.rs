@@ -13,7 +13,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::HeaderMap;
-use serde::Serialize;
 
 use scanner::{JsonScanner, SseScanner, Usage};
 
@@ -128,34 +127,22 @@ pub struct Record<'a> {
 }
 
 impl Record<'_> {
-    /// The log line (CAG-3 AC6): one JSON object, keys in a fixed order.
-    pub fn to_json(&self) -> String {
-        #[derive(Serialize)]
-        struct Line<'a> {
-            event: &'static str,
-            cache_key: Option<&'a str>,
-            cached_tokens: Option<u64>,
-            total_tokens: Option<u64>,
-            hit_rate: Option<f64>,
-            model: &'a str,
-            backend: &'a str,
-            route: &'a str,
-            status: u16,
-            duration_ms: u64,
-        }
-        let line = Line {
-            event: "prefix_cache",
-            cache_key: self.cache_key,
-            cached_tokens: self.usage.cached_tokens,
-            total_tokens: self.usage.prompt_tokens,
-            hit_rate: hit_rate(self.usage),
-            model: self.model,
-            backend: self.backend,
-            route: self.route,
-            status: self.status,
-            duration_ms: self.duration.as_millis() as u64,
-        };
-        serde_json::to_string(&line).expect("plain fields serialize")
+    /// The log line (CAG-3 AC6): one event, fields in a fixed order.
+    pub fn log(&self) {
+        log::info!(
+            target: "poimen_gateway::cache",
+            event = "prefix_cache",
+            cache_key = self.cache_key,
+            cached_tokens = self.usage.cached_tokens,
+            total_tokens = self.usage.prompt_tokens,
+            hit_rate = hit_rate(self.usage),
+            model = self.model,
+            backend = self.backend,
+            route = self.route,
+            status = self.status,
+            duration_ms = self.duration.as_millis() as u64;
+            ""
+        );
     }
 }
 
@@ -217,31 +204,5 @@ mod tests {
         assert_eq!(hit_rate(u(Some(0), Some(0))), Some(0.0));
         assert_eq!(hit_rate(u(None, Some(5))), None);
         assert_eq!(hit_rate(u(Some(5), None)), None);
-    }
-
-    #[test]
-    fn the_log_line_is_one_json_object() {
-        let r = Record {
-            cache_key: None,
-            usage: Usage {
-                prompt_tokens: Some(651),
-                cached_tokens: Some(512),
-            },
-            model: "m",
-            backend: "127.0.0.1:8000",
-            route: "round_robin",
-            status: 200,
-            duration: Duration::from_millis(1234),
-        };
-        let line = r.to_json();
-        assert!(line.starts_with(r#"{"event":"prefix_cache","cache_key":null,"cached_tokens":512,"total_tokens":651,"hit_rate":0.78"#), "{line}");
-        assert!(line.ends_with(r#""model":"m","backend":"127.0.0.1:8000","route":"round_robin","status":200,"duration_ms":1234}"#), "{line}");
-        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
-        assert_eq!(v["event"], "prefix_cache");
-        assert!(v["cache_key"].is_null());
-        assert_eq!(v["cached_tokens"], 512);
-        assert_eq!(v["total_tokens"], 651);
-        assert!((v["hit_rate"].as_f64().unwrap() - 512.0 / 651.0).abs() < 1e-9);
-        assert_eq!(v["duration_ms"], 1234);
     }
 }

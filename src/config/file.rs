@@ -42,6 +42,9 @@ pub struct GatewayFile {
     pub auth: AuthFile,
     #[serde(default)]
     pub scheduler: SchedulerFile,
+    /// How requests pick their backend.
+    #[serde(default)]
+    pub routing: RoutingFile,
     #[serde(default)]
     pub warmup: WarmupFile,
     pub models: Vec<ModelFile>,
@@ -104,6 +107,11 @@ impl Default for SchedulerFile {
         }
     }
 }
+
+/// Routing policy settings (see `routing`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RoutingFile {}
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]

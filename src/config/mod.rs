@@ -17,8 +17,11 @@ use serde::Deserialize;
 
 use crate::admission::Limits;
 use crate::auth::ApiKeys;
+use crate::routing::Policy;
 pub use file::Overflow;
-use file::{AddressFile, GatewayFile, HealthCheckFile, ModelFile, OneOrMany};
+use file::{
+    AddressFile, AuthFile, GatewayFile, HealthCheckFile, ModelFile, OneOrMany, RoutingFile,
+};
 
 /// The validated gateway configuration.
 #[derive(Debug, Clone)]
@@ -60,6 +63,8 @@ pub struct ModelConfig {
     pub backends: Vec<BackendConfig>,
     /// Admission limits of each of this model's backends.
     pub limits: Limits,
+    /// How this model's requests are routed.
+    pub policy: Policy,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -85,40 +90,66 @@ pub enum ConfigError {
     },
 }
 
-/// Upper bounds that catch unit mistakes (ms written as s, bytes as MiB).
-const MAX_EXCLUSION_SECS: u64 = 3600;
-const MAX_BODY_BYTES: u64 = 1 << 30;
-const MAX_CONNECT_TIMEOUT_MS: u64 = 60_000;
-const MAX_WEIGHT: u64 = 1000;
+/// The accepted range of a numeric field, stated once per field. Upper
+/// bounds catch unit mistakes (ms written as s, bytes as MiB).
+#[derive(Debug, Clone, Copy)]
+struct Bound {
+    lo: u64,
+    hi: u64,
+}
+
+impl Bound {
+    const fn new(lo: u64, hi: u64) -> Self {
+        Bound { lo, hi }
+    }
+
+    /// `value` if in range, else an error naming `path`.
+    fn check(self, path: &str, value: u64) -> Result<u64, ConfigError> {
+        if (self.lo..=self.hi).contains(&value) {
+            Ok(value)
+        } else {
+            Err(invalid(
+                path,
+                value,
+                &format!("must be between {} and {}", self.lo, self.hi),
+            ))
+        }
+    }
+}
+
+const EXCLUSION_SECS: Bound = Bound::new(1, 3600);
+const BODY_BYTES: Bound = Bound::new(1024, 1 << 30);
+const CONNECT_TIMEOUT_MS: Bound = Bound::new(1, 60_000);
+const READ_TIMEOUT_MS: Bound = Bound::new(1, 3_600_000);
+const WEIGHT: Bound = Bound::new(1, 1000);
 const MAX_BACKENDS_PER_MODEL: usize = 256;
-const MAX_NUM_SEQS: u64 = 4096;
-const MAX_QUEUE_DEPTH: u64 = 100_000;
-const MAX_QUEUE_TIMEOUT_MS: u64 = 3_600_000;
-const MAX_WARMUP_DELAY_MS: u64 = 60_000;
-const MAX_READ_TIMEOUT_MS: u64 = 3_600_000;
+const NUM_SEQS: Bound = Bound::new(1, 4096);
+const QUEUE_DEPTH: Bound = Bound::new(0, 100_000);
+const QUEUE_TIMEOUT_MS: Bound = Bound::new(1, 3_600_000);
+const WARMUP_DELAY_MS: Bound = Bound::new(0, 60_000);
+const HEALTH_INTERVAL_MS: Bound = Bound::new(100, 600_000);
+const HEALTH_TIMEOUT_MS: Bound = Bound::new(1, 60_000);
+const HEALTH_CONSECUTIVE_OK: Bound = Bound::new(1, 100);
 
 type Field = fn(&mut GatewayFile) -> &mut u64;
 
 /// Environment variables that override the file (CAG-2), with the field
 /// each replaces and its range.
-const ENV_OVERRIDES: [(&str, Field, u64, u64); 3] = [
+const ENV_OVERRIDES: [(&str, Field, Bound); 3] = [
     (
         "VLLM_MAX_NUM_SEQS",
         |g| &mut g.scheduler.max_num_seqs,
-        1,
-        MAX_NUM_SEQS,
+        NUM_SEQS,
     ),
     (
         "VLLM_MAX_QUEUE_DEPTH",
         |g| &mut g.scheduler.max_queue_depth,
-        0,
-        MAX_QUEUE_DEPTH,
+        QUEUE_DEPTH,
     ),
     (
         "WARMUP_DELAY_MS",
         |g| &mut g.warmup.delay_ms,
-        0,
-        MAX_WARMUP_DELAY_MS,
+        WARMUP_DELAY_MS,
     ),
 ];
 
@@ -160,20 +191,15 @@ impl GatewayConfig {
         let mut gateway = doc
             .gateway
             .ok_or_else(|| invalid("gateway", "(missing)", "the gateway section is required"))?;
-        for (var, field, lo, hi) in ENV_OVERRIDES {
+        for (var, field, bound) in ENV_OVERRIDES {
             let Some(text) = env(var) else { continue };
             let value = text
                 .trim()
                 .parse::<u64>()
                 .map_err(|_| invalid(var, &text, "not a whole number"))?;
-            let value = in_range(var, value, lo, hi)?;
-            *field(&mut gateway) = value;
+            *field(&mut gateway) = bound.check(var, value)?;
         }
         validate(gateway)
-    }
-
-    pub fn model(&self, name: &str) -> Option<&ModelConfig> {
-        self.models.iter().find(|m| m.name == name)
     }
 }
 
@@ -185,18 +211,6 @@ fn invalid(path: impl Into<String>, value: impl std::fmt::Debug, rule: &str) -> 
     }
 }
 
-fn in_range(path: &str, value: u64, lo: u64, hi: u64) -> Result<u64, ConfigError> {
-    if (lo..=hi).contains(&value) {
-        Ok(value)
-    } else {
-        Err(invalid(
-            path,
-            value,
-            &format!("must be between {lo} and {hi}"),
-        ))
-    }
-}
-
 fn socket_addr(path: &str, value: &str) -> Result<SocketAddr, ConfigError> {
     value
         .parse()
@@ -204,7 +218,61 @@ fn socket_addr(path: &str, value: &str) -> Result<SocketAddr, ConfigError> {
 }
 
 fn validate(file: GatewayFile) -> Result<GatewayConfig, ConfigError> {
-    let listen_strings = match file.listen {
+    let (listen, metrics_listen) = validate_listeners(file.listen, &file.metrics_listen)?;
+    let (api_keys, upstream_api_key) = validate_auth(file.auth)?;
+    let sched = &file.scheduler;
+    let default_limits = Limits {
+        max_num_seqs: NUM_SEQS.check("gateway.scheduler.max_num_seqs", sched.max_num_seqs)?
+            as usize,
+        max_queue_depth: QUEUE_DEPTH
+            .check("gateway.scheduler.max_queue_depth", sched.max_queue_depth)?
+            as usize,
+    };
+    let routing = validate_routing("gateway.routing", &file.routing)?;
+    Ok(GatewayConfig {
+        listen,
+        metrics_listen,
+        failure_exclusion: secs(EXCLUSION_SECS.check(
+            "gateway.failure_exclusion_secs",
+            file.failure_exclusion_secs,
+        )?),
+        max_request_body_bytes: BODY_BYTES.check(
+            "gateway.max_request_body_bytes",
+            file.max_request_body_bytes,
+        )? as usize,
+        connect_timeout: ms(
+            CONNECT_TIMEOUT_MS.check("gateway.connect_timeout_ms", file.connect_timeout_ms)?
+        ),
+        read_timeout: ms(READ_TIMEOUT_MS.check("gateway.read_timeout_ms", file.read_timeout_ms)?),
+        health_check: file.health_check.map(validate_health_check).transpose()?,
+        api_keys,
+        upstream_api_key,
+        stream_usage: file.stream_usage,
+        queue_timeout: ms(
+            QUEUE_TIMEOUT_MS.check("gateway.scheduler.queue_timeout_ms", sched.queue_timeout_ms)?
+        ),
+        overflow: sched.overflow,
+        warmup: WarmupConfig {
+            delay: ms(WARMUP_DELAY_MS.check("gateway.warmup.delay_ms", file.warmup.delay_ms)?),
+            vllm_priority: file.warmup.vllm_priority,
+        },
+        models: validate_models(file.models, default_limits, &routing)?,
+    })
+}
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+fn validate_listeners(
+    listen: OneOrMany,
+    metrics: &str,
+) -> Result<(Vec<SocketAddr>, SocketAddr), ConfigError> {
+    let listen_strings = match listen {
         OneOrMany::One(s) => vec![s],
         OneOrMany::Many(v) => v,
     };
@@ -223,58 +291,28 @@ fn validate(file: GatewayFile) -> Result<GatewayConfig, ConfigError> {
         }
         listen.push(addr);
     }
-    let metrics_listen = socket_addr("gateway.metrics_listen", &file.metrics_listen)?;
+    let metrics_listen = socket_addr("gateway.metrics_listen", metrics)?;
     if listen.contains(&metrics_listen) {
         return Err(invalid(
             "gateway.metrics_listen",
-            &file.metrics_listen,
+            metrics,
             "must differ from every gateway.listen address",
         ));
     }
-    let exclusion = in_range(
-        "gateway.failure_exclusion_secs",
-        file.failure_exclusion_secs,
-        1,
-        MAX_EXCLUSION_SECS,
-    )?;
-    let body = in_range(
-        "gateway.max_request_body_bytes",
-        file.max_request_body_bytes,
-        1024,
-        MAX_BODY_BYTES,
-    )?;
-    let connect = in_range(
-        "gateway.connect_timeout_ms",
-        file.connect_timeout_ms,
-        1,
-        MAX_CONNECT_TIMEOUT_MS,
-    )?;
+    Ok((listen, metrics_listen))
+}
 
-    let read_timeout = in_range(
-        "gateway.read_timeout_ms",
-        file.read_timeout_ms,
-        1,
-        MAX_READ_TIMEOUT_MS,
-    )?;
-    let health_check = file.health_check.map(validate_health_check).transpose()?;
-    let api_keys = match &file.auth.api_keys_file {
+fn validate_auth(auth: AuthFile) -> Result<(Option<ApiKeys>, Option<String>), ConfigError> {
+    let at = "gateway.auth.api_keys_file";
+    let api_keys = match &auth.api_keys_file {
         None => None,
         Some(path) => {
-            let text = std::fs::read_to_string(path).map_err(|e| {
-                invalid(
-                    "gateway.auth.api_keys_file",
-                    path,
-                    &format!("cannot read: {e}"),
-                )
-            })?;
-            Some(
-                ApiKeys::parse(&text)
-                    .map_err(|e: String| invalid("gateway.auth.api_keys_file", path, &e))?,
-            )
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| invalid(at, path, &format!("cannot read: {e}")))?;
+            Some(ApiKeys::parse(&text).map_err(|e| invalid(at, path, &e.to_string()))?)
         }
     };
-    let upstream_api_key = file.auth.upstream_api_key;
-    if let Some(key) = &upstream_api_key {
+    if let Some(key) = &auth.upstream_api_key {
         if key.is_empty() || http::HeaderValue::from_str(&format!("Bearer {key}")).is_err() {
             // The key itself is a secret: never echo it.
             return Err(invalid(
@@ -284,42 +322,26 @@ fn validate(file: GatewayFile) -> Result<GatewayConfig, ConfigError> {
             ));
         }
     }
-    let sched = &file.scheduler;
-    let default_limits = Limits {
-        max_num_seqs: in_range(
-            "gateway.scheduler.max_num_seqs",
-            sched.max_num_seqs,
-            1,
-            MAX_NUM_SEQS,
-        )? as usize,
-        max_queue_depth: in_range(
-            "gateway.scheduler.max_queue_depth",
-            sched.max_queue_depth,
-            0,
-            MAX_QUEUE_DEPTH,
-        )? as usize,
-    };
-    let queue_timeout = in_range(
-        "gateway.scheduler.queue_timeout_ms",
-        sched.queue_timeout_ms,
-        1,
-        MAX_QUEUE_TIMEOUT_MS,
-    )?;
-    let warmup_delay = in_range(
-        "gateway.warmup.delay_ms",
-        file.warmup.delay_ms,
-        0,
-        MAX_WARMUP_DELAY_MS,
-    )?;
+    Ok((api_keys, auth.upstream_api_key))
+}
 
-    if file.models.is_empty() {
+fn validate_routing(_at: &str, _r: &RoutingFile) -> Result<Policy, ConfigError> {
+    Ok(Policy::default())
+}
+
+fn validate_models(
+    models: Vec<ModelFile>,
+    limits: Limits,
+    routing: &Policy,
+) -> Result<Vec<ModelConfig>, ConfigError> {
+    if models.is_empty() {
         return Err(invalid("gateway.models", "[]", "needs at least one model"));
     }
     let mut names = HashSet::new();
-    let mut models = Vec::new();
-    for (i, m) in file.models.into_iter().enumerate() {
+    let mut out = Vec::new();
+    for (i, m) in models.into_iter().enumerate() {
         let path = format!("gateway.models[{i}]");
-        let model = validate_model(&path, m, default_limits)?;
+        let model = validate_model(&path, m, limits, routing)?;
         if !names.insert(model.name.clone()) {
             return Err(invalid(
                 format!("{path}.name"),
@@ -327,28 +349,9 @@ fn validate(file: GatewayFile) -> Result<GatewayConfig, ConfigError> {
                 "duplicate model name",
             ));
         }
-        models.push(model);
+        out.push(model);
     }
-
-    Ok(GatewayConfig {
-        listen,
-        metrics_listen,
-        failure_exclusion: Duration::from_secs(exclusion),
-        max_request_body_bytes: body as usize,
-        connect_timeout: Duration::from_millis(connect),
-        read_timeout: Duration::from_millis(read_timeout),
-        health_check,
-        api_keys,
-        upstream_api_key,
-        stream_usage: file.stream_usage,
-        queue_timeout: Duration::from_millis(queue_timeout),
-        overflow: sched.overflow,
-        warmup: WarmupConfig {
-            delay: Duration::from_millis(warmup_delay),
-            vllm_priority: file.warmup.vllm_priority,
-        },
-        models,
-    })
+    Ok(out)
 }
 
 fn validate_health_check(h: HealthCheckFile) -> Result<HealthCheckConfig, ConfigError> {
@@ -361,25 +364,21 @@ fn validate_health_check(h: HealthCheckFile) -> Result<HealthCheckConfig, Config
         ));
     }
     Ok(HealthCheckConfig {
-        interval: Duration::from_millis(in_range(
-            &format!("{at}.interval_ms"),
-            h.interval_ms,
-            100,
-            600_000,
-        )?),
-        timeout: Duration::from_millis(in_range(
-            &format!("{at}.timeout_ms"),
-            h.timeout_ms,
-            1,
-            60_000,
-        )?),
-        consecutive_ok: in_range(&format!("{at}.consecutive_ok"), h.consecutive_ok, 1, 100)?
+        interval: ms(HEALTH_INTERVAL_MS.check(&format!("{at}.interval_ms"), h.interval_ms)?),
+        timeout: ms(HEALTH_TIMEOUT_MS.check(&format!("{at}.timeout_ms"), h.timeout_ms)?),
+        consecutive_ok: HEALTH_CONSECUTIVE_OK
+            .check(&format!("{at}.consecutive_ok"), h.consecutive_ok)?
             as usize,
         path: h.path,
     })
 }
 
-fn validate_model(path: &str, m: ModelFile, defaults: Limits) -> Result<ModelConfig, ConfigError> {
+fn validate_model(
+    path: &str,
+    m: ModelFile,
+    defaults: Limits,
+    routing: &Policy,
+) -> Result<ModelConfig, ConfigError> {
     if m.name.trim().is_empty() || m.name.chars().any(char::is_control) {
         return Err(invalid(
             format!("{path}.name"),
@@ -423,18 +422,16 @@ fn validate_model(path: &str, m: ModelFile, defaults: Limits) -> Result<ModelCon
         if backends.iter().any(|b| b.addr == addr) {
             return Err(invalid(at, address, "duplicate address in this model"));
         }
-        let weight = in_range(&format!("{at}.weight"), *weight, 1, MAX_WEIGHT)? as u32;
+        let weight = WEIGHT.check(&format!("{at}.weight"), *weight)? as u32;
         backends.push(BackendConfig { addr, weight });
     }
     let limits = Limits {
         max_num_seqs: match m.max_num_seqs {
-            Some(n) => in_range(&format!("{path}.max_num_seqs"), n, 1, MAX_NUM_SEQS)? as usize,
+            Some(n) => NUM_SEQS.check(&format!("{path}.max_num_seqs"), n)? as usize,
             None => defaults.max_num_seqs,
         },
         max_queue_depth: match m.max_queue_depth {
-            Some(n) => {
-                in_range(&format!("{path}.max_queue_depth"), n, 0, MAX_QUEUE_DEPTH)? as usize
-            }
+            Some(n) => QUEUE_DEPTH.check(&format!("{path}.max_queue_depth"), n)? as usize,
             None => defaults.max_queue_depth,
         },
     };
@@ -442,6 +439,7 @@ fn validate_model(path: &str, m: ModelFile, defaults: Limits) -> Result<ModelCon
         name: m.name,
         backends,
         limits,
+        policy: routing.clone(),
     })
 }
 

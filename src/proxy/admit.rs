@@ -1,6 +1,6 @@
-//! Choosing the backend and taking a slot on it (CAG-2): the warmup delay,
-//! then the first usable backend in the request's ranking, or with
-//! `overflow: spill` the first that has room.
+//! Taking a slot (CAG-2): the warmup delay, then a slot on the first of the
+//! request's candidates (see `routing`), or with `overflow: spill` on the
+//! first that has room.
 
 use std::net::SocketAddr;
 use std::time::Instant;
@@ -9,12 +9,12 @@ use log::warn;
 use pingora::proxy::Session;
 
 use super::respond::{until_client_leaves, Stop};
-use super::{Gateway, RequestCtx};
+use super::{Attempt, AttemptState, Gateway, RequestCtx};
 use crate::admission::{AdmitError, Class};
 use crate::config::Overflow;
 use crate::errors::ApiError;
 use crate::metrics;
-use crate::pool::{ModelPool, Route};
+use crate::pool::ModelPool;
 
 impl Gateway {
     /// CAG-2 AC1/AC6: a warmup sleeps before it competes for a slot, holding
@@ -29,19 +29,19 @@ impl Gateway {
         until_client_leaves(session, tokio::time::sleep(delay)).await
     }
 
-    /// Choose the backend and wait for a slot on it. On success the choice
-    /// and its permit are in `ctx`.
+    /// Choose the backend and wait for a slot on it: the first candidate,
+    /// or with `overflow: spill` the first that has room. On success the
+    /// attempt, with its permit, is in `ctx`.
     pub(super) async fn admit(
         &self,
         session: &mut Session,
         ctx: &mut RequestCtx,
     ) -> Result<(), Stop> {
-        let pool = ctx
-            .pool
-            .clone()
-            .expect("admit runs after the model is known");
-        let ranked = pool
-            .ranked(ctx.key(), &ctx.tried, Instant::now())
+        let Some(pool) = ctx.pool.clone() else {
+            return Err(ApiError::BadRequest("no model".into()).into());
+        };
+        let candidates = pool
+            .candidates(ctx.affinity(), &ctx.failed, Instant::now())
             .map_err(|retry_after| ApiError::NoBackend {
                 model: pool.name.clone(),
                 retry_after,
@@ -51,24 +51,16 @@ impl Gateway {
         } else {
             Class::Agent
         };
-        let spill = self.config.overflow == Overflow::Spill;
-        let mut entered = None;
-        for (i, pick) in ranked.iter().enumerate() {
-            match pool.admission(&pick.addr).try_enter(class) {
-                Ok(ticket) => {
-                    let mut pick = pick.clone();
-                    if i > 0 {
-                        pick.route = Route::Spill;
-                    }
-                    entered = Some((pick, ticket));
-                    break;
-                }
-                Err(_) if spill => continue,
-                Err(_) => break,
-            }
-        }
-        let Some((pick, ticket)) = entered else {
-            refused(&pool, &ranked[0].addr, AdmitError::QueueFull);
+        let tries = match self.config.overflow {
+            Overflow::Spill => candidates.len(),
+            Overflow::Reject => 1,
+        };
+        let entered = candidates.iter().take(tries).find_map(|c| {
+            let ticket = pool.admission(&c.addr)?.try_enter(class).ok()?;
+            Some((*c, ticket))
+        });
+        let Some((candidate, ticket)) = entered else {
+            refused(&pool, &candidates[0].addr, AdmitError::QueueFull);
             return Err(ApiError::QueueFull {
                 model: pool.name.clone(),
             }
@@ -78,19 +70,23 @@ impl Gateway {
         let permit = until_client_leaves(session, ticket.wait(self.config.queue_timeout))
             .await?
             .map_err(|e| {
-                refused(&pool, &pick.addr, e);
+                refused(&pool, &candidate.addr, e);
                 ApiError::QueueTimeout {
                     model: pool.name.clone(),
                 }
             })?;
         metrics::QUEUE_WAIT.observe(waited.elapsed().as_secs_f64());
-        ctx.pick = Some(pick);
-        ctx.permit = Some(permit);
+        ctx.attempt = Some(Attempt {
+            candidate,
+            permit: Some(permit),
+            state: AttemptState::Admitted,
+            response_started: false,
+        });
         Ok(())
     }
 }
 
-/// Count and log an admission refusal: one JSON line each.
+/// Count and log an admission refusal: one event each.
 fn refused(pool: &ModelPool, addr: &SocketAddr, why: AdmitError) {
     let backend = addr.to_string();
     let reason = match why {
@@ -100,17 +96,17 @@ fn refused(pool: &ModelPool, addr: &SocketAddr, why: AdmitError) {
     metrics::QUEUE_REJECTED
         .with_label_values(&[&pool.name, &backend, reason])
         .inc();
-    let admission = pool.admission(addr);
-    let (inflight, depth) = admission.load();
+    let Some(admission) = pool.admission(addr) else {
+        return;
+    };
+    let (inflight, depth) = admission.counts();
     warn!(
-        "{}",
-        serde_json::json!({
-            "event": reason,
-            "model": pool.name,
-            "backend": backend,
-            "inflight": inflight,
-            "depth": depth,
-            "max_queue_depth": admission.limits().max_queue_depth,
-        })
+        event = reason,
+        model = pool.name.as_str(),
+        backend = backend.as_str(),
+        inflight = inflight,
+        depth = depth,
+        max_queue_depth = admission.limits().max_queue_depth;
+        ""
     );
 }

@@ -31,6 +31,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use http::HeaderValue;
 use log::warn;
+use pingora::lb::HealthCheckService;
 use pingora::prelude::*;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::ErrorType;
@@ -39,9 +40,11 @@ use crate::accounting::Tracker;
 use crate::admission::Permit;
 use crate::body;
 use crate::config::GatewayConfig;
-use crate::errors::ApiError;
+use crate::errors::{self, ApiError};
 use crate::metrics;
-use crate::pool::{HealthService, ModelPool, Pick};
+use crate::pool::ModelPool;
+use crate::retry::{self, Decision, Failure};
+use crate::routing::{Affinity, Candidate};
 use endpoints::Endpoint;
 use respond::{respond, respond_json, Stop};
 
@@ -68,39 +71,74 @@ pub struct RequestCtx {
     tracker: Option<Tracker>,
     /// Time to the first response body byte.
     first_byte: Option<Duration>,
-    /// The backend of the current (or next) attempt, and its slot.
-    pick: Option<Pick>,
-    permit: Option<Permit>,
-    /// `pick` was chosen and not yet handed to Pingora.
-    fresh: bool,
     /// Backends this request already failed on.
-    tried: Vec<SocketAddr>,
+    failed: Vec<SocketAddr>,
+    /// The current attempt, or the next one once admitted.
+    attempt: Option<Attempt>,
     /// An error decided by the gateway, rendered by `fail_to_proxy`.
     error: Option<ApiError>,
+}
+
+/// One try at one backend: where, why, and the slot it holds there.
+pub struct Attempt {
+    candidate: Candidate,
+    permit: Option<Permit>,
+    state: AttemptState,
     response_started: bool,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AttemptState {
+    /// Admitted, not yet handed to Pingora.
+    Admitted,
+    /// Handed to Pingora: connecting or under way.
+    Sent,
+    /// Its pooled connection was closed: connect again, same slot.
+    Reconnect,
+    /// Its backend failed: the next attempt goes elsewhere.
+    Failed,
+}
+
 impl RequestCtx {
-    fn key(&self) -> &[u8] {
-        self.cache_key.as_ref().map_or(b"", |v| v.as_bytes())
+    fn affinity(&self) -> Affinity<'_> {
+        match &self.cache_key {
+            Some(k) => Affinity::Key(k.as_bytes()),
+            None => Affinity::None,
+        }
+    }
+
+    fn response_started(&self) -> bool {
+        self.attempt.as_ref().is_some_and(|a| a.response_started)
+    }
+
+    /// The backend is done with this request: free its slot.
+    fn release_slot(&mut self) {
+        if let Some(a) = &mut self.attempt {
+            a.permit = None;
+        }
     }
 }
 
 impl Gateway {
     /// The gateway, and the health-check services to run beside it.
-    pub fn new(config: GatewayConfig) -> (Self, Vec<HealthService>) {
+    pub fn new(config: GatewayConfig) -> (Self, Vec<(String, HealthCheckService)>) {
         let mut services = Vec::new();
         let mut pools = HashMap::new();
         for m in &config.models {
             let (pool, health) =
                 ModelPool::new(m, config.failure_exclusion, config.health_check.as_ref());
+            services.extend(health.map(|h| (format!("health check {}", m.name), h)));
             pools.insert(m.name.clone(), Arc::new(pool));
-            services.extend(health);
         }
         let started = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
-        metrics::register_exclusions(pools.values().cloned().collect());
+        metrics::register_exclusions(
+            pools
+                .values()
+                .map(|p| (p.name.clone(), p.exclusions().clone()))
+                .collect(),
+        );
         let gateway = Gateway {
             config: Arc::new(config),
             pools,
@@ -142,52 +180,52 @@ impl Gateway {
         if ctx.warmup {
             self.warmup_delay(session).await?;
         }
-        self.admit(session, ctx).await?;
-        ctx.fresh = true;
-        Ok(())
+        self.admit(session, ctx).await
+    }
+
+    /// Act on a failed attempt as the retry policy decides; true to retry.
+    fn on_failure(&self, ctx: &mut RequestCtx, failure: Failure, e: &Error) -> bool {
+        let decision = retry::decide(&failure);
+        let Some(attempt) = &mut ctx.attempt else {
+            return false;
+        };
+        match decision {
+            Decision::GiveUp => false,
+            Decision::Reconnect => {
+                attempt.state = AttemptState::Reconnect;
+                true
+            }
+            Decision::ExcludeAndRetry => {
+                attempt.state = AttemptState::Failed;
+                let addr = attempt.candidate.addr;
+                ctx.failed.push(addr);
+                self.exclude(ctx, addr, e);
+                true
+            }
+        }
     }
 
     /// A backend failed before answering: count it, leave it out for the
     /// window.
-    fn exclude(&self, ctx: &RequestCtx, why: &Error) {
-        let (Some(pool), Some(pick)) = (&ctx.pool, &ctx.pick) else {
+    fn exclude(&self, ctx: &RequestCtx, addr: SocketAddr, why: &Error) {
+        let Some(pool) = &ctx.pool else {
             return;
         };
-        let backend = pick.addr.to_string();
+        let backend = addr.to_string();
         metrics::BACKEND_FAILURES
             .with_label_values(&[&pool.name, &backend])
             .inc();
-        if pool.exclusions().exclude(pick.addr, Instant::now()) {
+        if pool.exclusions().exclude(addr, Instant::now()) {
             warn!(
-                "{}",
-                serde_json::json!({
-                    "event": "backend_excluded",
-                    "model": pool.name,
-                    "backend": backend,
-                    "for_secs": self.config.failure_exclusion.as_secs(),
-                    "error": why.etype().as_str(),
-                })
+                event = "backend_excluded",
+                model = pool.name.as_str(),
+                backend = backend.as_str(),
+                for_secs = self.config.failure_exclusion.as_secs(),
+                error = why.etype().as_str();
+                ""
             );
         }
     }
-}
-
-/// Connection-level failures before a response: the backend is down or
-/// unreachable, not merely slow.
-fn backend_unreachable(e: &Error) -> bool {
-    use ErrorType::*;
-    matches!(
-        e.etype(),
-        ConnectTimedout
-            | ConnectRefused
-            | ConnectNoRoute
-            | ConnectError
-            | BindError
-            | SocketError
-            | ConnectionClosed
-            | ReadError
-            | WriteError
-    )
 }
 
 #[async_trait]
@@ -246,10 +284,14 @@ impl ProxyHttp for Gateway {
         session: &mut Session,
         ctx: &mut RequestCtx,
     ) -> Result<Box<HttpPeer>> {
-        if !ctx.fresh {
-            // A retry: free the failed backend's slot, then take one on the
-            // next backend in the ranking.
-            ctx.permit = None;
+        if ctx
+            .attempt
+            .as_ref()
+            .is_some_and(|a| a.state == AttemptState::Failed)
+        {
+            // Free the failed backend's slot, then take one on the next
+            // backend in the ranking.
+            ctx.attempt = None;
             match self.admit(session, ctx).await {
                 Ok(()) => {}
                 Err(Stop::ClientGone(e)) => return Err(e),
@@ -263,13 +305,12 @@ impl ProxyHttp for Gateway {
                 }
             }
         }
-        ctx.fresh = false;
-        let pick = ctx
-            .pick
-            .as_ref()
+        let attempt = ctx
+            .attempt
+            .as_mut()
             .ok_or_else(|| Error::explain(ErrorType::InternalError, "no backend chosen"))?;
-        ctx.tried.push(pick.addr);
-        let mut peer = HttpPeer::new(pick.addr, false, String::new());
+        attempt.state = AttemptState::Sent;
+        let mut peer = HttpPeer::new(attempt.candidate.addr, false, String::new());
         peer.options.connection_timeout = Some(self.config.connect_timeout);
         // Both the wait for the response header and for each body chunk.
         peer.options.read_timeout = Some(self.config.read_timeout);
@@ -320,8 +361,15 @@ impl ProxyHttp for Gateway {
         ctx: &mut RequestCtx,
         mut e: Box<Error>,
     ) -> Box<Error> {
-        self.exclude(ctx, &e);
-        e.set_retry(true);
+        let failure = Failure {
+            connecting: true,
+            upstream: true,
+            response_started: false,
+            unreachable: true,
+            reused_connection: false,
+        };
+        let retry = self.on_failure(ctx, failure, &e);
+        e.set_retry(retry);
         e
     }
 
@@ -334,24 +382,15 @@ impl ProxyHttp for Gateway {
         client_reused: bool,
     ) -> Box<Error> {
         let mut e = e.more_context(format!("Peer: {peer}"));
-        if e.esource() != &ErrorSource::Upstream {
-            // The client went away: the backend did nothing wrong, and no
-            // one is left to answer.
-            e.set_retry(false);
-        } else if ctx.response_started || !backend_unreachable(&e) {
-            // Part of the answer may have reached the client, or the backend
-            // answered badly: a retry could duplicate or hide it.
-            e.set_retry(false);
-        } else if client_reused {
-            // A pooled connection the backend had closed: not a failure of
-            // the backend; try it again, same slot, on a fresh connection.
-            ctx.fresh = true;
-            ctx.tried.pop();
-            e.set_retry(true);
-        } else {
-            self.exclude(ctx, &e);
-            e.set_retry(true);
-        }
+        let failure = Failure {
+            connecting: false,
+            upstream: e.esource() == &ErrorSource::Upstream,
+            response_started: ctx.response_started(),
+            unreachable: retry::unreachable(e.etype()),
+            reused_connection: client_reused,
+        };
+        let retry = self.on_failure(ctx, failure, &e);
+        e.set_retry(retry);
         e
     }
 
@@ -361,7 +400,9 @@ impl ProxyHttp for Gateway {
         response: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
-        ctx.response_started = true;
+        if let Some(a) = &mut ctx.attempt {
+            a.response_started = true;
+        }
         if let Some(tracker) = &mut ctx.tracker {
             if tracker.on_header(response.status.as_u16(), &response.headers) {
                 // The stream loses a chunk: its length is no longer known.
@@ -382,9 +423,9 @@ impl ProxyHttp for Gateway {
             // new process for their next request.
             session.set_keepalive(None);
         }
-        if let Some(pick) = &ctx.pick {
-            response.insert_header("X-Poimen-Backend", pick.addr.to_string())?;
-            response.insert_header("X-Poimen-Route", pick.route.as_str())?;
+        if let Some(a) = &ctx.attempt {
+            response.insert_header("X-Poimen-Backend", a.candidate.addr.to_string())?;
+            response.insert_header("X-Poimen-Route", a.candidate.route.as_str())?;
         }
         Ok(())
     }
@@ -405,7 +446,7 @@ impl ProxyHttp for Gateway {
         if end_of_stream {
             // The backend is done with this sequence: its slot is free now,
             // not after the client has read the last bytes.
-            ctx.permit = None;
+            ctx.release_slot();
         }
         Ok(None)
     }
@@ -418,19 +459,14 @@ impl ProxyHttp for Gateway {
     ) -> FailToProxy {
         // The backend is done with this request: free its slot before the
         // client hears about it.
-        ctx.permit = None;
-        let api = ctx.error.take().or_else(|| match e.esource() {
-            ErrorSource::Downstream => None,
-            _ => Some(match e.etype() {
-                ErrorType::ConnectTimedout | ErrorType::ReadTimedout | ErrorType::WriteTimedout => {
-                    ApiError::GatewayTimeout
-                }
-                _ => ApiError::BadGateway(e.etype().as_str().to_string()),
-            }),
-        });
+        ctx.release_slot();
+        let api = ctx
+            .error
+            .take()
+            .or_else(|| errors::from_proxy_error(e.esource(), e.etype()));
         let code = match api {
             // Nothing can be sent once the response has begun.
-            Some(api) if !ctx.response_started => {
+            Some(api) if !ctx.response_started() => {
                 respond(session, api.response()).await;
                 api.status()
             }
@@ -444,7 +480,7 @@ impl ProxyHttp for Gateway {
 
     async fn logging(&self, session: &mut Session, _e: Option<&Error>, ctx: &mut RequestCtx) {
         // Free the slot even if the response never ended cleanly.
-        ctx.permit = None;
+        ctx.release_slot();
         self.record(session, ctx);
     }
 }

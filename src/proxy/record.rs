@@ -1,7 +1,6 @@
 //! The end of a request: its metrics and, for a completion a backend
 //! answered, the `prefix_cache` log line (CAG-3 AC6/AC7).
 
-use log::info;
 use pingora::proxy::Session;
 
 use super::{Gateway, RequestCtx};
@@ -17,11 +16,9 @@ impl Gateway {
         let status = session
             .response_written()
             .map_or(499, |r| r.status.as_u16());
-        let backend = ctx
-            .pick
-            .as_ref()
-            .map_or_else(|| "none".to_string(), |p| p.addr.to_string());
-        let route = ctx.pick.as_ref().map_or("none", |p| p.route.as_str());
+        let candidate = ctx.attempt.as_ref().map(|a| a.candidate);
+        let backend = candidate.map_or_else(|| "none".to_string(), |c| c.addr.to_string());
+        let route = candidate.map_or("none", |c| c.route.as_str());
         let model = pool.name.as_str();
         let duration = ctx.started.map(|t| t.elapsed()).unwrap_or_default();
         metrics::REQUESTS
@@ -36,7 +33,7 @@ impl Gateway {
                 .observe(ttfb.as_secs_f64());
         }
 
-        let Some(tracker) = ctx.tracker.as_ref().filter(|_| ctx.response_started) else {
+        let Some(tracker) = ctx.tracker.as_ref().filter(|_| ctx.response_started()) else {
             return;
         };
         let usage = tracker.usage();
@@ -69,6 +66,6 @@ impl Gateway {
             status,
             duration,
         };
-        info!(target: "poimen_gateway::cache", "{}", record.to_json());
+        record.log();
     }
 }

@@ -1,6 +1,5 @@
-//! Backend selection as a Pingora `BackendSelection`: rendezvous (highest
-//! random weight) hashing for requests that carry a cache key, weighted
-//! round-robin for those that do not.
+//! Rendezvous (highest random weight) hashing: the ranking of a model's
+//! backends for a request that carries an affinity key.
 //!
 //! The rendezvous hash is part of the product's contract: the same key must
 //! pick the same backend in every process, after restarts and upgrades, and on
@@ -15,12 +14,6 @@
 //! Backends are ranked by score, highest first (ties by address); the first
 //! one that is usable serves the request, the next ones are the fallbacks.
 
-use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
-
-use pingora::lb::selection::{BackendIter, BackendSelection};
-use pingora::lb::Backend;
 use xxhash_rust::xxh3::Xxh3Default;
 
 /// The rendezvous hash of one (key, backend address) pair.
@@ -48,75 +41,6 @@ pub fn rank(key: &[u8], backends: &[(String, u32)]) -> Vec<usize> {
     // Descending score; equal scores keep the (sorted) address order.
     scored.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
     scored.into_iter().map(|(_, i)| i).collect()
-}
-
-/// The selector one model's `LoadBalancer` runs. An empty key means "no cache
-/// key": round-robin.
-pub struct CacheAffinity {
-    backends: Vec<Backend>,
-    /// (address text, weight), hashed per request; precomputed once.
-    keyed: Vec<(String, u32)>,
-    /// Backend indices repeated by weight, walked by the round-robin counter.
-    slots: Vec<usize>,
-    next: AtomicUsize,
-}
-
-impl BackendSelection for CacheAffinity {
-    type Iter = Ranked;
-    type Config = ();
-
-    fn build(set: &BTreeSet<Backend>) -> Self {
-        let backends: Vec<Backend> = set.iter().cloned().collect();
-        let keyed = backends
-            .iter()
-            .map(|b| (b.addr.to_string(), b.weight as u32))
-            .collect();
-        let slots = backends
-            .iter()
-            .enumerate()
-            .flat_map(|(i, b)| std::iter::repeat_n(i, b.weight.max(1)))
-            .collect();
-        CacheAffinity {
-            backends,
-            keyed,
-            slots,
-            next: AtomicUsize::new(0),
-        }
-    }
-
-    fn iter(self: &Arc<Self>, key: &[u8]) -> Ranked {
-        let order = if self.backends.is_empty() {
-            Vec::new()
-        } else if key.is_empty() {
-            // Round-robin picks the first; the others follow in address order
-            // as fallbacks.
-            let first = self.slots[self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len()];
-            let n = self.backends.len();
-            (0..n).map(|i| (first + i) % n).collect()
-        } else {
-            rank(key, &self.keyed)
-        };
-        Ranked {
-            selector: Arc::clone(self),
-            order,
-            pos: 0,
-        }
-    }
-}
-
-/// Backends of one request in preference order.
-pub struct Ranked {
-    selector: Arc<CacheAffinity>,
-    order: Vec<usize>,
-    pos: usize,
-}
-
-impl BackendIter for Ranked {
-    fn next(&mut self) -> Option<&Backend> {
-        let i = *self.order.get(self.pos)?;
-        self.pos += 1;
-        self.selector.backends.get(i)
-    }
 }
 
 #[cfg(test)]
@@ -230,19 +154,5 @@ mod tests {
             .count();
         // Weighted HRW gives weight share 3/4.
         assert!((7100..=7900).contains(&heavy), "heavy got {heavy}");
-    }
-
-    #[test]
-    fn round_robin_cycles_through_every_backend() {
-        let set: BTreeSet<Backend> = (1..=3)
-            .map(|i| Backend::new(&format!("10.0.0.{i}:8000")).unwrap())
-            .collect();
-        let sel = Arc::new(CacheAffinity::build(&set));
-        let firsts: Vec<String> = (0..6)
-            .map(|_| sel.iter(b"").next().unwrap().addr.to_string())
-            .collect();
-        assert_eq!(firsts[..3], firsts[3..]);
-        let distinct: BTreeSet<_> = firsts.iter().collect();
-        assert_eq!(distinct.len(), 3);
     }
 }

@@ -1,0 +1,150 @@
+//! What to do when an attempt at a backend fails: plain policy, decided from
+//! what the proxy knows about the failure, unit-tested case by case.
+
+use pingora::ErrorType;
+
+/// What the proxy knows about a failed attempt.
+#[derive(Debug, Clone, Copy)]
+pub struct Failure {
+    /// The connection to the backend could not be made (Pingora's
+    /// `fail_to_connect`), as opposed to failing once made.
+    pub connecting: bool,
+    /// The error came from the backend's side, not from the client's.
+    pub upstream: bool,
+    /// Some of the backend's response reached the gateway.
+    pub response_started: bool,
+    /// A connection-level failure: refused, reset, closed before answering.
+    pub unreachable: bool,
+    /// The connection was a pooled one, reused for this attempt.
+    pub reused_connection: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// No retry, and the backend is not blamed: the client left, or part of
+    /// the answer exists (a retry could duplicate it), or the backend
+    /// answered badly rather than not at all.
+    GiveUp,
+    /// A pooled connection the backend had closed: not the backend's fault.
+    /// The same backend again, same slot, on a fresh connection.
+    Reconnect,
+    /// The backend is down: exclude it, and try the next one.
+    ExcludeAndRetry,
+}
+
+pub fn decide(f: &Failure) -> Decision {
+    if f.connecting {
+        return Decision::ExcludeAndRetry;
+    }
+    if !f.upstream || f.response_started || !f.unreachable {
+        return Decision::GiveUp;
+    }
+    if f.reused_connection {
+        Decision::Reconnect
+    } else {
+        Decision::ExcludeAndRetry
+    }
+}
+
+/// Connection-level failures before a response: the backend is down or
+/// unreachable, not merely slow.
+pub fn unreachable(etype: &ErrorType) -> bool {
+    use ErrorType::*;
+    matches!(
+        etype,
+        ConnectTimedout
+            | ConnectRefused
+            | ConnectNoRoute
+            | ConnectError
+            | BindError
+            | SocketError
+            | ConnectionClosed
+            | ReadError
+            | WriteError
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A reset from a fresh connection before any response.
+    const RESET: Failure = Failure {
+        connecting: false,
+        upstream: true,
+        response_started: false,
+        unreachable: true,
+        reused_connection: false,
+    };
+
+    #[test]
+    fn a_connect_failure_excludes_and_retries() {
+        let f = Failure {
+            connecting: true,
+            ..RESET
+        };
+        assert_eq!(decide(&f), Decision::ExcludeAndRetry);
+    }
+
+    #[test]
+    fn a_reset_before_the_response_excludes_and_retries() {
+        assert_eq!(decide(&RESET), Decision::ExcludeAndRetry);
+    }
+
+    #[test]
+    fn a_closed_pooled_connection_reconnects_without_blame() {
+        let f = Failure {
+            reused_connection: true,
+            ..RESET
+        };
+        assert_eq!(decide(&f), Decision::Reconnect);
+    }
+
+    #[test]
+    fn a_client_gone_is_no_ones_fault() {
+        let f = Failure {
+            upstream: false,
+            ..RESET
+        };
+        assert_eq!(decide(&f), Decision::GiveUp);
+    }
+
+    #[test]
+    fn a_started_response_is_never_retried() {
+        for reused_connection in [false, true] {
+            let f = Failure {
+                response_started: true,
+                reused_connection,
+                ..RESET
+            };
+            assert_eq!(decide(&f), Decision::GiveUp);
+        }
+    }
+
+    #[test]
+    fn a_bad_answer_or_timeout_is_not_retried() {
+        let f = Failure {
+            unreachable: false,
+            ..RESET
+        };
+        assert_eq!(decide(&f), Decision::GiveUp);
+    }
+
+    #[test]
+    fn which_errors_mean_unreachable() {
+        for t in [
+            ErrorType::ConnectRefused,
+            ErrorType::ConnectionClosed,
+            ErrorType::ReadError,
+        ] {
+            assert!(unreachable(&t), "{t:?}");
+        }
+        for t in [
+            ErrorType::ReadTimedout,
+            ErrorType::InvalidHTTPHeader,
+            ErrorType::HTTPStatus(500),
+        ] {
+            assert!(!unreachable(&t), "{t:?}");
+        }
+    }
+}

@@ -1,0 +1,150 @@
+//! Routing policy: for one request, a model's backends in the order
+//! admission tries them, each with the [`Route`] it would be served under.
+//! Plain code: the proxy glue and admission never decide a route.
+//!
+//! The input is the request's [`Affinity`] (a cache key or none), the
+//! model's members (address, weight), each member's [`Status`] now
+//! (excluded after a failure, requests in flight or queued here) and the
+//! backends this request already failed on. The output's first candidate is
+//! the choice; the others are where `overflow: spill` goes when the choice
+//! has neither a slot nor a queue place.
+//!
+//! The policies are cases of [`Router::rank`]:
+//! - a key: rendezvous ranking (`rendezvous.rs`), route `hash`;
+//! - no key: weighted round-robin (`round_robin.rs`), route `round_robin`;
+//! - the preferred backend excluded or already tried: the next usable one in
+//!   the same order, route `fallback`;
+//! - the later candidates: route `spill`.
+//!
+//! To add a policy:
+//! 1. its configuration: the field in `config/file.rs` (`RoutingFile`,
+//!    documented, with its default), its check in `config/mod.rs`, its
+//!    field in [`Policy`];
+//! 2. its case in [`Router::rank`], with its code in a file beside this one
+//!    when it is more than a few lines;
+//! 3. a [`Route`] variant if requests it diverts are served under a name of
+//!    their own (`X-Poimen-Route`, the `route` label of the request metrics
+//!    and the log line all follow from [`Route::as_str`]);
+//! 4. unit tests here, an integration test in `tests/routing.rs`, the README.
+
+pub mod rendezvous;
+mod round_robin;
+
+use std::net::SocketAddr;
+
+use round_robin::RoundRobin;
+
+/// Why a backend was chosen: shown to clients as `X-Poimen-Route`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// The key's highest-scoring backend.
+    Hash,
+    /// No key: the round-robin turn.
+    RoundRobin,
+    /// The preferred backend was excluded or failed: the next in order.
+    Fallback,
+    /// The choice had no room (`overflow: spill`): the next in order.
+    Spill,
+}
+
+impl Route {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Route::Hash => "hash",
+            Route::RoundRobin => "round_robin",
+            Route::Fallback => "fallback",
+            Route::Spill => "spill",
+        }
+    }
+}
+
+/// What a request brings to routing.
+#[derive(Debug, Clone, Copy)]
+pub enum Affinity<'a> {
+    /// No key: round-robin.
+    None,
+    /// `X-Poimen-Cache-Key`.
+    Key(&'a [u8]),
+}
+
+/// A member's state when a request is routed.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Status {
+    /// Left out after a failure.
+    pub excluded: bool,
+    /// Requests holding a slot or queued for one, at this gateway.
+    pub load: usize,
+}
+
+/// One backend a request may go to, and the route it is served under there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Candidate {
+    pub addr: SocketAddr,
+    pub route: Route,
+}
+
+/// Per-model routing settings.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Policy {}
+
+/// One model's routing table, built once per backend set.
+pub struct Router {
+    addrs: Vec<SocketAddr>,
+    /// (address as hashed, weight), in `addrs` order.
+    keyed: Vec<(String, u32)>,
+    round_robin: RoundRobin,
+}
+
+impl Router {
+    /// A router over `members` (address, weight), kept in address order so
+    /// that ties and fallbacks do not depend on how the set was listed.
+    pub fn new(_policy: &Policy, members: impl IntoIterator<Item = (SocketAddr, u32)>) -> Self {
+        let mut members: Vec<(SocketAddr, u32)> = members.into_iter().collect();
+        members.sort();
+        Router {
+            addrs: members.iter().map(|(a, _)| *a).collect(),
+            keyed: members.iter().map(|(a, w)| (a.to_string(), *w)).collect(),
+            round_robin: RoundRobin::new(members.iter().map(|(_, w)| *w)),
+        }
+    }
+
+    /// The members, in address order.
+    pub fn addrs(&self) -> &[SocketAddr] {
+        &self.addrs
+    }
+
+    /// The candidates for a request, best first; `None` when no member is
+    /// usable (all excluded or tried).
+    pub fn rank(
+        &self,
+        affinity: Affinity,
+        tried: &[SocketAddr],
+        status: impl Fn(&SocketAddr) -> Status,
+    ) -> Option<Vec<Candidate>> {
+        let (order, preferred): (Vec<usize>, Route) = match affinity {
+            Affinity::Key(key) => (rendezvous::rank(key, &self.keyed), Route::Hash),
+            Affinity::None => (
+                self.round_robin.order(self.addrs.len()).collect(),
+                Route::RoundRobin,
+            ),
+        };
+        let mut passed_over = !tried.is_empty();
+        let mut out: Vec<Candidate> = Vec::with_capacity(order.len());
+        for addr in order.into_iter().map(|i| self.addrs[i]) {
+            if tried.contains(&addr) || status(&addr).excluded {
+                passed_over = true;
+                continue;
+            }
+            let route = match (out.is_empty(), passed_over) {
+                (false, _) => Route::Spill,
+                (true, false) => preferred,
+                (true, true) => Route::Fallback,
+            };
+            out.push(Candidate { addr, route });
+        }
+        (!out.is_empty()).then_some(out)
+    }
+}
+
+#[cfg(test)]
+mod tests;

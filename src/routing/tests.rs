@@ -1,0 +1,131 @@
+use std::collections::HashMap;
+
+use super::*;
+
+fn router(n: u16) -> Router {
+    let members = (0..n).map(|i| (SocketAddr::from(([127, 0, 0, 1], 9000 + i)), 1));
+    Router::new(&Policy::default(), members)
+}
+
+fn idle(_: &SocketAddr) -> Status {
+    Status::default()
+}
+
+fn routes(c: &[Candidate]) -> Vec<Route> {
+    c.iter().map(|c| c.route).collect()
+}
+
+#[test]
+fn a_key_is_stable_and_hash_routed_with_the_rest_as_spill() {
+    let r = router(4);
+    let first = r.rank(Affinity::Key(b"k1"), &[], idle).unwrap();
+    assert_eq!(
+        routes(&first),
+        [Route::Hash, Route::Spill, Route::Spill, Route::Spill]
+    );
+    for _ in 0..10 {
+        assert_eq!(r.rank(Affinity::Key(b"k1"), &[], idle).unwrap(), first);
+    }
+    // The order is the documented rendezvous ranking.
+    let expect: Vec<SocketAddr> = rendezvous::rank(b"k1", &r.keyed)
+        .into_iter()
+        .map(|i| r.addrs()[i])
+        .collect();
+    let got: Vec<SocketAddr> = first.iter().map(|c| c.addr).collect();
+    assert_eq!(got, expect);
+}
+
+#[test]
+fn the_member_order_does_not_matter() {
+    let a = router(4);
+    let reversed: Vec<(SocketAddr, u32)> = a.addrs().iter().rev().map(|a| (*a, 1)).collect();
+    let b = Router::new(&Policy::default(), reversed);
+    for k in 0..100 {
+        let key = format!("key-{k}");
+        assert_eq!(
+            a.rank(Affinity::Key(key.as_bytes()), &[], idle),
+            b.rank(Affinity::Key(key.as_bytes()), &[], idle)
+        );
+    }
+}
+
+#[test]
+fn an_excluded_or_tried_backend_is_passed_over_as_fallback() {
+    let r = router(3);
+    let order = r.rank(Affinity::Key(b"k"), &[], idle).unwrap();
+    let (first, second, third) = (order[0].addr, order[1].addr, order[2].addr);
+    let excluded = |a: &SocketAddr| Status {
+        excluded: *a == first,
+        load: 0,
+    };
+    let fb = r.rank(Affinity::Key(b"k"), &[], excluded).unwrap();
+    assert_eq!(
+        fb,
+        [
+            Candidate {
+                addr: second,
+                route: Route::Fallback
+            },
+            Candidate {
+                addr: third,
+                route: Route::Spill
+            }
+        ]
+    );
+    // A retry after a failure on the first: the same, without exclusion.
+    assert_eq!(r.rank(Affinity::Key(b"k"), &[first], idle).unwrap(), fb);
+    let last = r.rank(Affinity::Key(b"k"), &[first, second], idle).unwrap();
+    assert_eq!(
+        last,
+        [Candidate {
+            addr: third,
+            route: Route::Fallback
+        }]
+    );
+    assert_eq!(
+        r.rank(Affinity::Key(b"k"), &[first, second, third], idle),
+        None
+    );
+    assert_eq!(
+        r.rank(Affinity::Key(b"k"), &[], |_| Status {
+            excluded: true,
+            load: 0
+        }),
+        None
+    );
+}
+
+#[test]
+fn round_robin_spreads_evenly_and_falls_back_in_turn() {
+    let r = router(3);
+    let mut counts: HashMap<SocketAddr, usize> = HashMap::new();
+    for _ in 0..300 {
+        let c = r.rank(Affinity::None, &[], idle).unwrap();
+        assert_eq!(routes(&c), [Route::RoundRobin, Route::Spill, Route::Spill]);
+        *counts.entry(c[0].addr).or_default() += 1;
+    }
+    assert!(counts.values().all(|c| *c == 100), "{counts:?}");
+    // Its turn's backend excluded: the next one, as a fallback.
+    let turn = r.addrs()[0];
+    let c = r
+        .rank(Affinity::None, &[], |a| Status {
+            excluded: *a == turn,
+            load: 0,
+        })
+        .unwrap();
+    assert_eq!(c[0].route, Route::Fallback);
+    assert_ne!(c[0].addr, turn);
+}
+
+#[test]
+fn weights_shift_the_round_robin_share() {
+    let members = [
+        (SocketAddr::from(([127, 0, 0, 1], 1)), 1),
+        (SocketAddr::from(([127, 0, 0, 1], 2)), 3),
+    ];
+    let r = Router::new(&Policy::default(), members);
+    let heavy = (0..400)
+        .filter(|_| r.rank(Affinity::None, &[], idle).unwrap()[0].addr == members[1].0)
+        .count();
+    assert_eq!(heavy, 300);
+}
