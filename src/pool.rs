@@ -17,10 +17,11 @@ use crate::config::{HealthCheckConfig, ModelConfig};
 use crate::exclusion::Exclusions;
 use crate::health::RestoreOnHealthy;
 use crate::metrics;
-use crate::routing::{Affinity, Candidate, Router, Status};
+use crate::routing::{Affinity, Candidate, Policy, Router, Status};
 
 pub struct ModelPool {
     pub name: String,
+    pub policy: Policy,
     /// Kept alive: the health registry checks this view's backends.
     _backends: Backends,
     router: Router,
@@ -74,6 +75,7 @@ impl ModelPool {
             .collect();
         let pool = ModelPool {
             name: model.name.clone(),
+            policy: model.policy.clone(),
             _backends: backends,
             router: router.unwrap_or_else(|| Router::new(&model.policy, [])),
             exclusions,
@@ -133,7 +135,7 @@ fn discover_now(backends: &Backends, built: impl FnOnce(Arc<std::collections::BT
 mod tests {
     use super::*;
     use crate::config::BackendConfig;
-    use crate::routing::{Policy, Route};
+    use crate::routing::Route;
 
     fn pool(n: u16) -> ModelPool {
         let model = ModelConfig {

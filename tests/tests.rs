@@ -5,6 +5,7 @@ mod support;
 mod accounting;
 mod admission;
 mod bad_input;
+mod balance;
 mod bodies;
 mod config_check;
 mod failover;

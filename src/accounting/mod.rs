@@ -118,6 +118,8 @@ pub fn hit_rate(usage: Usage) -> Option<f64> {
 /// Everything the `prefix_cache` log line says about one completion.
 pub struct Record<'a> {
     pub cache_key: Option<&'a str>,
+    /// The key derived from the body (`keyless: prefix`), if any.
+    pub derived_key: Option<&'a str>,
     pub usage: Usage,
     pub model: &'a str,
     pub backend: &'a str,
@@ -133,6 +135,7 @@ impl Record<'_> {
             target: "poimen_gateway::cache",
             event = "prefix_cache",
             cache_key = self.cache_key,
+            derived_key = self.derived_key,
             cached_tokens = self.usage.cached_tokens,
             total_tokens = self.usage.prompt_tokens,
             hit_rate = hit_rate(self.usage),

@@ -109,9 +109,39 @@ impl Default for SchedulerFile {
 }
 
 /// Routing policy settings (see `routing`).
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RoutingFile {}
+pub struct RoutingFile {
+    /// Bounded-load rendezvous: a keyed request skips a backend whose load
+    /// (in flight + queued here) is at `ceil(f * (L + 1) * w / W)`.
+    /// 1 < f <= 10. Default: off (pure rendezvous).
+    pub balance_factor: Option<f64>,
+    /// Requests without `X-Poimen-Cache-Key`: `round_robin` (CAG-3 AC3) or
+    /// `prefix` (a key derived from the body's head). Default round_robin.
+    #[serde(default)]
+    pub keyless: KeylessFile,
+    /// Bytes of a completion's `prompt` a derived key covers. Default 2048.
+    #[serde(default = "default_keyless_prefix_bytes")]
+    pub keyless_prefix_bytes: u64,
+}
+
+impl Default for RoutingFile {
+    fn default() -> Self {
+        RoutingFile {
+            balance_factor: None,
+            keyless: KeylessFile::default(),
+            keyless_prefix_bytes: default_keyless_prefix_bytes(),
+        }
+    }
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KeylessFile {
+    #[default]
+    RoundRobin,
+    Prefix,
+}
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -161,6 +191,8 @@ pub struct ModelFile {
     pub max_num_seqs: Option<u64>,
     /// Overrides `scheduler.max_queue_depth` for this model's backends.
     pub max_queue_depth: Option<u64>,
+    /// Overrides `routing.balance_factor` for this model.
+    pub balance_factor: Option<f64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -214,6 +246,9 @@ fn default_stream_usage() -> bool {
 }
 fn default_read_timeout_ms() -> u64 {
     300_000
+}
+fn default_keyless_prefix_bytes() -> u64 {
+    2048
 }
 fn default_health_path() -> String {
     "/health".into()

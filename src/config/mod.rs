@@ -17,10 +17,11 @@ use serde::Deserialize;
 
 use crate::admission::Limits;
 use crate::auth::ApiKeys;
-use crate::routing::Policy;
+use crate::routing::{Keyless, Policy};
 pub use file::Overflow;
 use file::{
-    AddressFile, AuthFile, GatewayFile, HealthCheckFile, ModelFile, OneOrMany, RoutingFile,
+    AddressFile, AuthFile, GatewayFile, HealthCheckFile, KeylessFile, ModelFile, OneOrMany,
+    RoutingFile,
 };
 
 /// The validated gateway configuration.
@@ -130,6 +131,9 @@ const WARMUP_DELAY_MS: Bound = Bound::new(0, 60_000);
 const HEALTH_INTERVAL_MS: Bound = Bound::new(100, 600_000);
 const HEALTH_TIMEOUT_MS: Bound = Bound::new(1, 60_000);
 const HEALTH_CONSECUTIVE_OK: Bound = Bound::new(1, 100);
+const KEYLESS_PREFIX_BYTES: Bound = Bound::new(1, 1 << 20);
+/// `balance_factor`: above 1 (1 would forbid any imbalance), at most 10.
+const BALANCE_FACTOR: (f64, f64) = (1.0, 10.0);
 
 type Field = fn(&mut GatewayFile) -> &mut u64;
 
@@ -325,8 +329,34 @@ fn validate_auth(auth: AuthFile) -> Result<(Option<ApiKeys>, Option<String>), Co
     Ok((api_keys, auth.upstream_api_key))
 }
 
-fn validate_routing(_at: &str, _r: &RoutingFile) -> Result<Policy, ConfigError> {
-    Ok(Policy::default())
+fn validate_routing(at: &str, r: &RoutingFile) -> Result<Policy, ConfigError> {
+    Ok(Policy {
+        balance_factor: r
+            .balance_factor
+            .map(|f| balance_factor(&format!("{at}.balance_factor"), f))
+            .transpose()?,
+        keyless: match r.keyless {
+            KeylessFile::RoundRobin => Keyless::RoundRobin,
+            KeylessFile::Prefix => Keyless::Prefix,
+        },
+        keyless_prefix_bytes: KEYLESS_PREFIX_BYTES.check(
+            &format!("{at}.keyless_prefix_bytes"),
+            r.keyless_prefix_bytes,
+        )? as usize,
+    })
+}
+
+fn balance_factor(path: &str, f: f64) -> Result<f64, ConfigError> {
+    let (lo, hi) = BALANCE_FACTOR;
+    if f > lo && f <= hi {
+        Ok(f)
+    } else {
+        Err(invalid(
+            path,
+            f,
+            &format!("must be above {lo:?} and at most {hi:?}"),
+        ))
+    }
 }
 
 fn validate_models(
@@ -435,11 +465,15 @@ fn validate_model(
             None => defaults.max_queue_depth,
         },
     };
+    let mut policy = routing.clone();
+    if let Some(f) = m.balance_factor {
+        policy.balance_factor = Some(balance_factor(&format!("{path}.balance_factor"), f)?);
+    }
     Ok(ModelConfig {
         name: m.name,
         backends,
         limits,
-        policy: routing.clone(),
+        policy,
     })
 }
 

@@ -44,7 +44,8 @@ use crate::errors::{self, ApiError};
 use crate::metrics;
 use crate::pool::ModelPool;
 use crate::retry::{self, Decision, Failure};
-use crate::routing::{Affinity, Candidate};
+use crate::routing::prefix::{self, DerivedKey};
+use crate::routing::{Affinity, Candidate, Keyless};
 use endpoints::Endpoint;
 use respond::{respond, respond_json, Stop};
 
@@ -62,6 +63,8 @@ pub struct RequestCtx {
     started: Option<Instant>,
     pool: Option<Arc<ModelPool>>,
     cache_key: Option<HeaderValue>,
+    /// No header, `keyless: prefix`: the key derived from the body.
+    derived_key: Option<DerivedKey>,
     warmup: bool,
     /// The body read in `request_filter`, re-emitted on every attempt.
     body: Option<Bytes>,
@@ -101,9 +104,10 @@ enum AttemptState {
 
 impl RequestCtx {
     fn affinity(&self) -> Affinity<'_> {
-        match &self.cache_key {
-            Some(k) => Affinity::Key(k.as_bytes()),
-            None => Affinity::None,
+        match (&self.cache_key, &self.derived_key) {
+            (Some(k), _) => Affinity::Key(k.as_bytes()),
+            (None, Some(d)) => Affinity::Derived(d.as_bytes()),
+            (None, None) => Affinity::None,
         }
     }
 
@@ -163,6 +167,10 @@ impl Gateway {
             .get(facts.model.as_ref())
             .ok_or_else(|| ApiError::UnknownModel(facts.model.to_string()))?;
         ctx.pool = Some(pool.clone());
+        if ctx.cache_key.is_none() && pool.policy.keyless == Keyless::Prefix {
+            let path = session.req_header().uri.path();
+            ctx.derived_key = prefix::derive(path, &raw, pool.policy.keyless_prefix_bytes);
+        }
         let completion = headers::is_completion(session.req_header());
         // A stream whose client did not ask for usage: ask for it, and hide
         // the extra chunk from the client.

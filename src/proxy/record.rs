@@ -59,6 +59,7 @@ impl Gateway {
             .map(|k| String::from_utf8_lossy(k.as_bytes()));
         let record = Record {
             cache_key: cache_key.as_deref(),
+            derived_key: ctx.derived_key.as_ref().map(|k| k.as_str()),
             usage,
             model,
             backend: &backend,

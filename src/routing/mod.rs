@@ -11,7 +11,12 @@
 //!
 //! The policies are cases of [`Router::rank`]:
 //! - a key: rendezvous ranking (`rendezvous.rs`), route `hash`;
-//! - no key: weighted round-robin (`round_robin.rs`), route `round_robin`;
+//! - no key, `keyless: prefix`: a key derived from the body (`prefix.rs`),
+//!   ranked the same way, route `prefix`;
+//! - no key otherwise: weighted round-robin (`round_robin.rs`), route
+//!   `round_robin`;
+//! - `balance_factor` set: a keyed request passes over a backend whose load
+//!   is at its cap (`bounded.rs`), route `balance`;
 //! - the preferred backend excluded or already tried: the next usable one in
 //!   the same order, route `fallback`;
 //! - the later candidates: route `spill`.
@@ -27,6 +32,8 @@
 //!    and the log line all follow from [`Route::as_str`]);
 //! 4. unit tests here, an integration test in `tests/routing.rs`, the README.
 
+mod bounded;
+pub mod prefix;
 pub mod rendezvous;
 mod round_robin;
 
@@ -45,6 +52,10 @@ pub enum Route {
     Fallback,
     /// The choice had no room (`overflow: spill`): the next in order.
     Spill,
+    /// The key's better-ranked backends were at their load cap.
+    Balance,
+    /// No key: the first choice of the key derived from the body.
+    Prefix,
 }
 
 impl Route {
@@ -54,6 +65,8 @@ impl Route {
             Route::RoundRobin => "round_robin",
             Route::Fallback => "fallback",
             Route::Spill => "spill",
+            Route::Balance => "balance",
+            Route::Prefix => "prefix",
         }
     }
 }
@@ -65,6 +78,8 @@ pub enum Affinity<'a> {
     None,
     /// `X-Poimen-Cache-Key`.
     Key(&'a [u8]),
+    /// No header; a key derived from the body (`keyless: prefix`).
+    Derived(&'a [u8]),
 }
 
 /// A member's state when a request is routed.
@@ -85,10 +100,26 @@ pub struct Candidate {
 
 /// Per-model routing settings.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Policy {}
+pub struct Policy {
+    /// Bounded-load rendezvous for keyed requests; `None`: pure rendezvous.
+    pub balance_factor: Option<f64>,
+    /// How requests without a key are routed.
+    pub keyless: Keyless,
+    /// How much of a completion's `prompt` a derived key covers.
+    pub keyless_prefix_bytes: usize,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Keyless {
+    #[default]
+    RoundRobin,
+    /// A key derived from the body's head (`prefix.rs`).
+    Prefix,
+}
 
 /// One model's routing table, built once per backend set.
 pub struct Router {
+    balance_factor: Option<f64>,
     addrs: Vec<SocketAddr>,
     /// (address as hashed, weight), in `addrs` order.
     keyed: Vec<(String, u32)>,
@@ -98,10 +129,11 @@ pub struct Router {
 impl Router {
     /// A router over `members` (address, weight), kept in address order so
     /// that ties and fallbacks do not depend on how the set was listed.
-    pub fn new(_policy: &Policy, members: impl IntoIterator<Item = (SocketAddr, u32)>) -> Self {
+    pub fn new(policy: &Policy, members: impl IntoIterator<Item = (SocketAddr, u32)>) -> Self {
         let mut members: Vec<(SocketAddr, u32)> = members.into_iter().collect();
         members.sort();
         Router {
+            balance_factor: policy.balance_factor,
             addrs: members.iter().map(|(a, _)| *a).collect(),
             keyed: members.iter().map(|(a, w)| (a.to_string(), *w)).collect(),
             round_robin: RoundRobin::new(members.iter().map(|(_, w)| *w)),
@@ -123,26 +155,60 @@ impl Router {
     ) -> Option<Vec<Candidate>> {
         let (order, preferred): (Vec<usize>, Route) = match affinity {
             Affinity::Key(key) => (rendezvous::rank(key, &self.keyed), Route::Hash),
+            Affinity::Derived(key) => (rendezvous::rank(key, &self.keyed), Route::Prefix),
             Affinity::None => (
                 self.round_robin.order(self.addrs.len()).collect(),
                 Route::RoundRobin,
             ),
         };
-        let mut passed_over = !tried.is_empty();
-        let mut out: Vec<Candidate> = Vec::with_capacity(order.len());
-        for addr in order.into_iter().map(|i| self.addrs[i]) {
-            if tried.contains(&addr) || status(&addr).excluded {
-                passed_over = true;
-                continue;
-            }
-            let route = match (out.is_empty(), passed_over) {
-                (false, _) => Route::Spill,
-                (true, false) => preferred,
-                (true, true) => Route::Fallback,
-            };
-            out.push(Candidate { addr, route });
-        }
-        (!out.is_empty()).then_some(out)
+        let states: Vec<Status> = order.iter().map(|i| status(&self.addrs[*i])).collect();
+        let usable = |pos: usize| !states[pos].excluded && !tried.contains(&self.addrs[order[pos]]);
+        let first_usable = (0..order.len()).find(|p| usable(*p))?;
+        let bounded = match (affinity, self.balance_factor) {
+            (Affinity::None, _) | (_, None) => None,
+            (_, Some(factor)) => self.first_under_cap(factor, &order, &states, usable),
+        };
+        let (chosen, route) = match bounded {
+            Some(p) if p != first_usable => (p, Route::Balance),
+            _ if first_usable == 0 && tried.is_empty() => (first_usable, preferred),
+            _ => (first_usable, Route::Fallback),
+        };
+        let mut out = Vec::with_capacity(order.len());
+        out.push(Candidate {
+            addr: self.addrs[order[chosen]],
+            route,
+        });
+        out.extend(
+            (0..order.len())
+                .filter(|p| *p != chosen && usable(*p))
+                .map(|p| Candidate {
+                    addr: self.addrs[order[p]],
+                    route: Route::Spill,
+                }),
+        );
+        Some(out)
+    }
+
+    /// The position in `order` of the first usable member below its load
+    /// cap (see `bounded.rs`).
+    fn first_under_cap(
+        &self,
+        factor: f64,
+        order: &[usize],
+        states: &[Status],
+        usable: impl Fn(usize) -> bool,
+    ) -> Option<usize> {
+        let total_load: usize = states.iter().map(|s| s.load).sum();
+        let total_weight: u64 = order
+            .iter()
+            .zip(states)
+            .filter(|(_, s)| !s.excluded)
+            .map(|(i, _)| u64::from(self.keyed[*i].1))
+            .sum();
+        (0..order.len()).find(|p| {
+            let weight = self.keyed[order[*p]].1;
+            usable(*p) && states[*p].load < bounded::cap(factor, total_load, weight, total_weight)
+        })
     }
 }
 

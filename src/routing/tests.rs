@@ -129,3 +129,134 @@ fn weights_shift_the_round_robin_share() {
         .count();
     assert_eq!(heavy, 300);
 }
+
+fn bounded(n: u16, factor: f64) -> Router {
+    let policy = Policy {
+        balance_factor: Some(factor),
+        ..Policy::default()
+    };
+    let members = (0..n).map(|i| (SocketAddr::from(([127, 0, 0, 1], 9000 + i)), 1));
+    Router::new(&policy, members)
+}
+
+/// Route `n` requests of `key` in a row, each adding to the load of the
+/// backend it lands on; returns (backend position in the key's ranking,
+/// route) per request.
+fn pile(r: &Router, key: &[u8], n: usize) -> Vec<(usize, Route)> {
+    let ranking: Vec<SocketAddr> = r
+        .rank(Affinity::Key(key), &[], idle)
+        .unwrap()
+        .iter()
+        .map(|c| c.addr)
+        .collect();
+    let mut load: HashMap<SocketAddr, usize> = HashMap::new();
+    (0..n)
+        .map(|_| {
+            let c = r
+                .rank(Affinity::Key(key), &[], |a| Status {
+                    excluded: false,
+                    load: load.get(a).copied().unwrap_or(0),
+                })
+                .unwrap()[0];
+            *load.entry(c.addr).or_default() += 1;
+            (ranking.iter().position(|a| *a == c.addr).unwrap(), c.route)
+        })
+        .collect()
+}
+
+#[test]
+fn a_hot_keys_excess_moves_down_its_ranking() {
+    use Route::{Balance, Hash};
+    let r = bounded(3, 1.25);
+    // Caps with 3 backends at factor 1.25: L=0 -> 1, L=1 -> 1, L=2 -> 2,
+    // L=3 -> 2, L=4 -> 3, L=5 -> 3, L=6 -> 3.
+    assert_eq!(
+        pile(&r, b"hot", 7),
+        [
+            (0, Hash),
+            (1, Balance),
+            (0, Hash),
+            (1, Balance),
+            (0, Hash),
+            (1, Balance),
+            (2, Balance)
+        ]
+    );
+}
+
+#[test]
+fn without_load_bounded_is_pure_rendezvous() {
+    let (plain, b) = (router(5), bounded(5, 1.25));
+    for k in 0..500 {
+        let key = format!("key-{k}");
+        assert_eq!(
+            plain.rank(Affinity::Key(key.as_bytes()), &[], idle),
+            b.rank(Affinity::Key(key.as_bytes()), &[], idle)
+        );
+    }
+}
+
+#[test]
+fn other_keys_stay_put_while_a_hot_key_spreads() {
+    let r = bounded(3, 1.25);
+    let first = |k: &str| r.rank(Affinity::Key(k.as_bytes()), &[], idle).unwrap()[0].addr;
+    let hot = first("hot");
+    // Two on the hot key's owner and two on its runner-up: L = 4, cap 3.
+    let runner_up = r.rank(Affinity::Key(b"hot"), &[], idle).unwrap()[1].addr;
+    let loaded = |a: &SocketAddr| Status {
+        excluded: false,
+        load: if *a == hot || *a == runner_up { 2 } else { 0 },
+    };
+    for k in 0..200 {
+        let key = format!("cold-{k}");
+        let c = r.rank(Affinity::Key(key.as_bytes()), &[], loaded).unwrap()[0];
+        assert_eq!((c.addr, c.route), (first(&key), Route::Hash), "{key}");
+    }
+}
+
+#[test]
+fn an_excluded_backend_leaves_the_weight_sum_and_counts_as_fallback() {
+    let r = bounded(3, 1.25);
+    let order: Vec<SocketAddr> = r
+        .rank(Affinity::Key(b"k"), &[], idle)
+        .unwrap()
+        .iter()
+        .map(|c| c.addr)
+        .collect();
+    // The owner excluded, two requests on the runner-up: L = 2, W = 2, the
+    // runner-up's cap is ceil(1.25 * 3 / 2) = 2: full, so the third.
+    let status = |a: &SocketAddr| Status {
+        excluded: *a == order[0],
+        load: if *a == order[1] { 2 } else { 0 },
+    };
+    let c = r.rank(Affinity::Key(b"k"), &[], status).unwrap();
+    assert_eq!((c[0].addr, c[0].route), (order[2], Route::Balance));
+    // One request there: under its cap of 2, a plain fallback.
+    let status = |a: &SocketAddr| Status {
+        excluded: *a == order[0],
+        load: usize::from(*a == order[1]),
+    };
+    let c = r.rank(Affinity::Key(b"k"), &[], status).unwrap();
+    assert_eq!((c[0].addr, c[0].route), (order[1], Route::Fallback));
+}
+
+#[test]
+fn keyless_requests_are_not_bounded_and_derived_keys_route_as_prefix() {
+    let r = bounded(3, 1.25);
+    let busy = |_: &SocketAddr| Status {
+        excluded: false,
+        load: 100,
+    };
+    assert_eq!(
+        r.rank(Affinity::None, &[], busy).unwrap()[0].route,
+        Route::RoundRobin
+    );
+    let derived = r
+        .rank(Affinity::Derived(b"0123456789abcdef"), &[], idle)
+        .unwrap();
+    let keyed = r
+        .rank(Affinity::Key(b"0123456789abcdef"), &[], idle)
+        .unwrap();
+    assert_eq!(derived[0].route, Route::Prefix);
+    assert_eq!(derived[0].addr, keyed[0].addr);
+}

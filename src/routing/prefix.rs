@@ -1,0 +1,249 @@
+//! Keyless prefix affinity (`routing.keyless: prefix`): for a request without
+//! `X-Poimen-Cache-Key`, an affinity key derived from the body by a fixed
+//! function, so every replica derives the same key for the same body:
+//!
+//! ```text
+//! chat (/v1/chat/completions): the messages up to and including the first
+//!   whose role is "user" (all of them if none is), in order:
+//!   h = xxh3_64( for each: role ‖ 0x1F ‖ content ‖ 0x1E )     seed 0
+//!   content: a string as is; any other value (a list of parts) as its JSON
+//!   text, keys sorted; absent or null: empty
+//! completions (/v1/completions): the first `keyless_prefix_bytes` bytes of a
+//!   string `prompt`: h = xxh3_64(those bytes)
+//! key = h as 16 lowercase hex digits, ranked exactly like a header key
+//! ```
+//!
+//! That head is what stays the same across a conversation's turns: a system
+//! prompt plus a memory context, or a first question. A request with no head
+//! (no messages, an empty or non-string prompt, another endpoint) has no key
+//! and is routed round-robin. A head that changes every turn gets no
+//! affinity; nor does a warmup that carries only the system messages get the
+//! same key as the turns that follow it (send the header for that).
+
+use std::borrow::Cow;
+use std::fmt;
+
+use serde::de::{Deserializer, IgnoredAny, SeqAccess, Visitor};
+use serde::Deserialize;
+use xxhash_rust::xxh3::{xxh3_64, Xxh3Default};
+
+/// A derived key: the head's hash as 16 lowercase hex digits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DerivedKey([u8; 16]);
+
+impl DerivedKey {
+    fn new(hash: u64) -> Self {
+        let mut out = [0u8; 16];
+        let hex = format!("{hash:016x}");
+        out.copy_from_slice(hex.as_bytes());
+        DerivedKey(out)
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    pub fn as_str(&self) -> &str {
+        // Built from ASCII hex digits only.
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
+}
+
+impl fmt::Display for DerivedKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The derived key of a request body sent to `path`, if it has a head.
+pub fn derive(path: &str, body: &[u8], prompt_bytes: usize) -> Option<DerivedKey> {
+    let hash = match path {
+        "/v1/chat/completions" => serde_json::from_slice::<ChatBody>(body).ok()?.messages?.0?,
+        "/v1/completions" => {
+            let prompt = match serde_json::from_slice::<CompletionBody>(body)
+                .ok()?
+                .prompt?
+            {
+                Prompt::Text(t) => t,
+                Prompt::Other(_) => return None,
+            };
+            let head = &prompt.as_bytes()[..prompt.len().min(prompt_bytes)];
+            if head.is_empty() {
+                return None;
+            }
+            xxh3_64(head)
+        }
+        _ => return None,
+    };
+    Some(DerivedKey::new(hash))
+}
+
+#[derive(Deserialize)]
+struct ChatBody {
+    #[serde(default)]
+    messages: Option<ChatHead>,
+}
+
+#[derive(Deserialize)]
+struct CompletionBody<'a> {
+    #[serde(borrow, default)]
+    prompt: Option<Prompt<'a>>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Prompt<'a> {
+    Text(#[serde(borrow)] Cow<'a, str>),
+    Other(IgnoredAny),
+}
+
+#[derive(Deserialize)]
+struct Message<'a> {
+    #[serde(borrow)]
+    role: Cow<'a, str>,
+    #[serde(default)]
+    content: serde_json::Value,
+}
+
+/// The hash of the head messages (none for an empty list); the messages
+/// after the head are skipped, not built.
+struct ChatHead(Option<u64>);
+
+impl<'de> Deserialize<'de> for ChatHead {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_seq(HeadVisitor)
+    }
+}
+
+struct HeadVisitor;
+
+impl<'de> Visitor<'de> for HeadVisitor {
+    type Value = ChatHead;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a list of messages")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<ChatHead, A::Error> {
+        let mut h = Xxh3Default::new();
+        let mut any = false;
+        while let Some(m) = seq.next_element::<Message>()? {
+            any = true;
+            h.update(m.role.as_bytes());
+            h.update(&[0x1f]);
+            match &m.content {
+                serde_json::Value::String(s) => h.update(s.as_bytes()),
+                serde_json::Value::Null => {}
+                other => h.update(other.to_string().as_bytes()),
+            }
+            h.update(&[0x1e]);
+            if m.role == "user" {
+                break;
+            }
+        }
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(ChatHead(any.then(|| h.digest())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const CHAT: &str = "/v1/chat/completions";
+
+    fn chat(messages: serde_json::Value) -> Option<String> {
+        let body = json!({"messages": messages, "model": "m"}).to_string();
+        derive(CHAT, body.as_bytes(), 2048).map(|k| k.to_string())
+    }
+
+    fn turn(n: usize) -> serde_json::Value {
+        let mut m = vec![
+            json!({"role": "system", "content": "You are helpful. Memory: likes tea."}),
+            json!({"role": "user", "content": "first question"}),
+        ];
+        for i in 1..n {
+            m.push(json!({"role": "assistant", "content": format!("answer {i}")}));
+            m.push(json!({"role": "user", "content": format!("question {i}")}));
+        }
+        serde_json::Value::Array(m)
+    }
+
+    #[test]
+    fn a_conversation_keeps_its_key_across_turns() {
+        let first = chat(turn(1)).unwrap();
+        for n in 2..6 {
+            assert_eq!(chat(turn(n)).unwrap(), first);
+        }
+    }
+
+    #[test]
+    fn a_different_first_question_or_system_is_a_different_key() {
+        let base = chat(turn(3)).unwrap();
+        let mut other = turn(3);
+        other[1]["content"] = json!("another first question");
+        assert_ne!(chat(other).unwrap(), base);
+        let mut other = turn(3);
+        other[0]["content"] = json!("You are terse.");
+        assert_ne!(chat(other).unwrap(), base);
+        let mut other = turn(3);
+        other[0]["role"] = json!("developer");
+        assert_ne!(chat(other).unwrap(), base);
+    }
+
+    #[test]
+    fn pinned_values() {
+        // If these change, every deployed conversation moves.
+        assert_eq!(chat(turn(1)).unwrap(), "67331a3e2d2d9f24");
+        let documented =
+            b"system\x1fYou are helpful. Memory: likes tea.\x1euser\x1ffirst question\x1e";
+        assert_eq!(format!("{:016x}", xxh3_64(documented)), "67331a3e2d2d9f24");
+        assert_eq!(
+            chat(json!([{"role": "user", "content": "hi"}])).unwrap(),
+            format!("{:016x}", xxh3_64(b"user\x1fhi\x1e"))
+        );
+        let body = br#"{"prompt":"Once upon a time","model":"m"}"#;
+        assert_eq!(
+            derive("/v1/completions", body, 2048).unwrap().to_string(),
+            format!("{:016x}", xxh3_64(b"Once upon a time"))
+        );
+    }
+
+    #[test]
+    fn content_parts_and_field_order_do_not_matter_but_content_does() {
+        let parts = json!([{"role": "user", "content": [{"type": "text", "text": "hi"}]}]);
+        let reordered =
+            r#"{"model":"m","messages":[{"content":[{"text":"hi","type":"text"}],"role":"user"}]}"#;
+        assert_eq!(
+            chat(parts.clone()),
+            derive(CHAT, reordered.as_bytes(), 2048).map(|k| k.to_string())
+        );
+        assert_ne!(
+            chat(parts),
+            chat(json!([{"role": "user", "content": "hi"}]))
+        );
+    }
+
+    #[test]
+    fn a_completion_prompt_is_cut_at_the_configured_bytes() {
+        let key = |p: &str, n| {
+            let body = json!({"prompt": p, "model": "m"}).to_string();
+            derive("/v1/completions", body.as_bytes(), n)
+        };
+        assert_eq!(key("abcdef-1", 6), key("abcdef-2", 6));
+        assert_ne!(key("abcdef-1", 8), key("abcdef-2", 8));
+        assert_eq!(key("", 6), None);
+    }
+
+    #[test]
+    fn no_head_no_key() {
+        assert_eq!(chat(json!([])), None);
+        assert_eq!(derive(CHAT, br#"{"model":"m"}"#, 2048), None);
+        assert_eq!(derive(CHAT, br#"{"messages":"x","model":"m"}"#, 2048), None);
+        assert_eq!(derive(CHAT, b"not json", 2048), None);
+        let tokens = br#"{"prompt":[1,2,3],"model":"m"}"#;
+        assert_eq!(derive("/v1/completions", tokens, 2048), None);
+        assert_eq!(derive("/v1/embeddings", br#"{"input":"x"}"#, 2048), None);
+    }
+}
