@@ -1,34 +1,76 @@
 #!/usr/bin/env python3
 """Routing quality: prefix-cache reuse and time to first token through
-poimen-gateway in front of 4 vllm-sim instances with tight KV caches.
+poimen-gateway in front of 4 (or 3) vllm-sim instances with tight KV caches.
 
-Workload (seeded, identical in every mode): S agent sessions; each has a long
+Workload (seeded, identical in every mode): agent sessions; each has a long
 system prompt shared by all sessions (6,000 bytes = 1,500 sim tokens) and a
-per-session memory context (3,000-4,000 tokens), sent as one system message;
-a warmup (`X-Poimen-Warmup: true`, `max_tokens: 1`, the system message alone)
-then T turns, each appending a user message and the previous answer, streamed.
-Variants:
-  uniform  every session is one agent (one branch of turns)
-  hot      Zipf-hot: sessions get branches (sub-agents sharing the session's
-           key and context) in proportion to 1/rank^2.5, the top one 30, so
+per-session memory context (3,000-4,000 tokens), sent as one system message.
+A session runs as one or more branches (sub-agents sharing the session's key
+and context); a branch is a warmup (`X-Poimen-Warmup: true`, `max_tokens: 1`,
+the system message alone) then its turns, each appending the previous answer
+and a new user message, streamed. Variants (--variants):
+  uniform  --sessions (24) sessions on 4 sims, one branch of --turns turns each
+  hot      --sessions sessions on 4 sims; Zipf-hot: sessions get branches in
+           proportion to 1/rank^2.5, the top one 30, each of --turns turns, so
            about half of all requests carry one key
+  zipf     64 sessions on 4 sims, popularity ~ 1/rank^1.1: the session of rank
+           r gets max(1, round(c / r^1.1)) turns, c the smallest multiple of
+           0.25 for which the total reaches uniform's turn count (--sessions x
+           --turns). A session's k turns run as ceil(k / --turns) concurrent
+           branches (sub-agents) of near-equal length, each with its own
+           warmup. With the defaults (target 120): c = 24.75, 122 turns, the
+           top session 25 (20%) in 5 branches, ranks 13 to 64 one turn each
+           (the tail is clamped at 1 so that all 64 sessions appear); 71
+           branches, 193 requests (uniform: 144). Session 0 is rank 1.
+  few      10 sessions on 3 sims, one branch each (the one-command demo's
+           shape: 10 agent sessions, 3 GPUs)
 Branches run concurrently, at most --concurrency at a time, in a seeded order.
+The sims' --kv-cache-tokens is the same in every variant: a quarter of the
+uniform workload's distinct prompt tokens.
 
-Modes (sims and gateway restarted before each: cold caches); gateway
-max_num_seqs 4 (= the sims' --max-num-seqs) in all:
-  no-key    no X-Poimen-Cache-Key: round-robin; max_queue_depth 20 (default)
-  key       X-Poimen-Cache-Key = session id: rendezvous; max_queue_depth 20
-  key-q2    the same keys, a small max_queue_depth (2), overflow reject
-  spill-q2  the same keys, max_queue_depth 2, scheduler.overflow: spill
+What `routing.keyless: prefix` sees (the gateway derives a chat request's key
+from its messages up to and including the first user message): a turn's
+messages are [system, user 1, assistant, user 2, ...], so the head (system =
+shared prompt + session memory, then the branch's first user message) is the
+same in every turn of a branch (checked when the workload is built). In
+uniform and few a session is one branch, so there is one derived key per
+session, as in `key` (another key, so another split over backends). In hot and
+zipf a session's branches (sub-agents) have different first user messages:
+one derived key per branch, so the prefix modes spread a session's branches
+over backends where `key` keeps them on one. A warmup has no user message at
+all: its derived key is whatever the gateway does with a body without one
+(the system message alone: one key per session, not the turns' key; or no
+key: round-robin), so it is generally not placed with the turns that follow
+it; the route counts and the "warmup -> turn 1 on the same backend" share in
+the report show which.
+
+Modes (--modes; sims and gateway restarted before each: cold caches; gateway
+max_num_seqs 4 (= the sims' --max-num-seqs) in all; see MODES):
+  no-key          no X-Poimen-Cache-Key: round-robin; max_queue_depth 20
+  key             X-Poimen-Cache-Key = session id: rendezvous; max_queue_depth 20
+  key-q2          the same keys, max_queue_depth 2, overflow reject
+  spill-q2        the same keys, max_queue_depth 2, scheduler.overflow: spill
+  bounded-1.25    the same keys, max_queue_depth 20, routing.balance_factor 1.25
+  bounded-1.5     the same keys, max_queue_depth 20, routing.balance_factor 1.5
+  prefix          no header, routing.keyless: prefix; max_queue_depth 20
+  prefix-bounded  no header, routing.keyless: prefix, balance_factor 1.25
 key-q2 and spill-q2 differ only in `overflow`: a hot backend's overflow gets
 503 in one and goes to the next backend in the key's ranking in the other.
+Before any run every mode's gateway config is checked (`poimen-gateway -t`);
+a binary that refuses one (e.g. `routing:` before that feature exists) stops
+the bench, or, with --skip-unsupported, drops that mode.
 
-Reported per mode: hit rate from the sims' own counters (sum over sims of
-vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total), TTFT p50/p99
-(send -> first content chunk), requests/s and prompt tokens/s, 503s, spills,
-requests per sim; and the oracle bound (share of prompt tokens in leading
-full 16-token blocks shared with some earlier prompt, infinite cache).
-Writes bench/results/routing.md and routing.png.
+Repetitions are interleaved (repetition 1 of every variant and mode, then
+repetition 2, ...; mode order reversed in every other one) and the report
+shows medians. Reported per variant and mode: hit rate from the sims' own
+counters (sum over sims of vllm:prefix_cache_hits_total /
+vllm:prefix_cache_queries_total) against the oracle bound (share of prompt
+tokens in leading full 16-token blocks shared with some earlier prompt,
+infinite cache), TTFT p50/p99 (send -> first content chunk), requests/s and
+prompt tokens/s, 503s, requests per sim (max/min, max/mean), how often a
+branch's next request went to the same backend, and the count of responses
+per X-Poimen-Route value. Writes bench/results/routing.md and routing.png
+(or --out and the .png next to it).
 """
 
 from __future__ import annotations
@@ -42,6 +84,7 @@ import random
 import subprocess
 import sys
 import time
+from collections import Counter, defaultdict
 from pathlib import Path
 
 sys.dont_write_bytecode = True  # no __pycache__ in the work tree
@@ -69,27 +112,91 @@ def text(rng: random.Random, nbytes: int) -> str:
     return " ".join(out)[:nbytes]
 
 
-def build_workload(seed: int, sessions: int, turns: int, variant: str, answer_tokens: int) -> list[dict]:
-    """A list of branches; each is {session, branch, system, questions}."""
+# Variants: sessions (None = --sessions), sims, and how sessions become branches.
+VARIANTS = {
+    "uniform": {"sessions": None, "sims": 4, "law": "one"},
+    "hot": {"sessions": None, "sims": 4, "law": "hot"},
+    "zipf": {"sessions": 64, "sims": 4, "law": "zipf", "exponent": 1.1},
+    "few": {"sessions": 10, "sims": 3, "law": "one"},
+}
+MAX_SIMS = max(v["sims"] for v in VARIANTS.values())
+
+
+def variant_sessions(variant: str, a) -> int:
+    return VARIANTS[variant]["sessions"] or a.sessions
+
+
+def zipf_turns(sessions: int, exponent: float, target: int) -> tuple[float, list[int]]:
+    """Turns per session, session s at rank s + 1: max(1, round(c / rank^e)),
+    c the smallest multiple of 0.25 for which the total reaches `target`."""
+    c = 1.0
+    while True:
+        t = [max(1, round(c / (s + 1) ** exponent)) for s in range(sessions)]
+        if sum(t) >= target or c > 1e6:
+            return c, t
+        c += 0.25
+
+
+def build_workload(seed: int, sessions: int, turns: int, variant: str, answer_tokens: int,
+                   target_turns: int = 0) -> list[dict]:
+    """A list of branches; each is {session, branch, system, questions}.
+    `target_turns` (zipf only): the total number of turns to reach."""
+    law = VARIANTS[variant]["law"]
     rng = random.Random(seed)
     system = text(random.Random(seed * 1000 + 1), 6000)
     mems = []
     for s in range(sessions):
         r = random.Random(seed * 1000 + 100 + s)
         mems.append(text(r, r.randint(3000, 4000) * BYTES_PER_TOKEN))
-    if variant == "uniform":
-        nbranch = [1] * sessions
+    # turns of each branch of each session
+    if law == "one":
+        plan = [[turns] for _ in range(sessions)]
+    elif law == "hot":
+        plan = [[turns] * max(1, round(30 / (s + 1) ** 2.5)) for s in range(sessions)]
+    elif law == "zipf":
+        _c, per_session = zipf_turns(sessions, VARIANTS[variant]["exponent"], target_turns or sessions * turns)
+        plan = []
+        for k in per_session:
+            nb = -(-k // turns)
+            plan.append([k // nb + (1 if i < k % nb else 0) for i in range(nb)])
     else:
-        nbranch = [max(1, round(30 / (s + 1) ** 2.5)) for s in range(sessions)]
+        raise ValueError(variant)
     branches = []
     for s in range(sessions):
-        for b in range(nbranch[s]):
+        for b, nturns in enumerate(plan[s]):
             r = random.Random(seed * 1000000 + s * 1000 + b)
-            qs = [text(r, r.randint(300, 800)) for _ in range(turns)]
+            qs = [text(r, r.randint(300, 800)) for _ in range(nturns)]
             branches.append({"session": s, "branch": b,
                              "system": f"{system}\n{mems[s]}", "questions": qs})
     rng.shuffle(branches)
     return branches
+
+
+def keyless_head(messages: list[dict]) -> str | None:
+    """What `routing.keyless: prefix` hashes for a chat body: the messages up
+    to and including the first user message; None when there is no user
+    message (a warmup here; the gateway's choice then is its own)."""
+    for i, m in enumerate(messages):
+        if m["role"] == "user":
+            return hashlib.blake2b(prompt_text(messages[:i + 1]), digest_size=16).hexdigest()
+    return None
+
+
+def check_heads(branches: list[dict], answer_tokens: int) -> dict:
+    """Asserts that every turn of a branch has the same head (system messages
+    + first user message), and counts the distinct heads."""
+    heads = set()
+    sessions = set()
+    for br in branches:
+        sessions.add(br["session"])
+        hs = {keyless_head(msgs) for kind, msgs in branch_requests(br, answer_tokens) if kind != "warmup"}
+        assert len(hs) == 1 and None not in hs, f"branch {br['session']}/{br['branch']}: heads {hs}"
+        heads |= hs
+    return {"sessions": len(sessions), "branches": len(branches), "turn_heads": len(heads)}
+
+
+def n_requests(branches: list[dict]) -> int:
+    return sum(len(br["questions"]) + 1 for br in branches)
 
 
 def answer(answer_tokens: int) -> str:
@@ -151,7 +258,7 @@ def oracle(branches: list[dict], answer_tokens: int) -> dict:
 # client
 
 
-async def run_workload(port: int, branches: list[dict], mode: str, concurrency: int,
+async def run_workload(port: int, branches: list[dict], send_key: bool, concurrency: int,
                        answer_tokens: int) -> dict:
     import aiohttp
     url = f"http://127.0.0.1:{port}/v1/chat/completions"
@@ -163,7 +270,7 @@ async def run_workload(port: int, branches: list[dict], mode: str, concurrency: 
         body = {"messages": msgs, "max_tokens": 1 if warm else answer_tokens, "stream": not warm,
                 "model": MODEL}
         headers = {"Content-Type": "application/json"}
-        if mode != "no-key":
+        if send_key:
             headers["X-Poimen-Cache-Key"] = f"session-{br['session']:03d}"
         if warm:
             headers["X-Poimen-Warmup"] = "true"
@@ -212,9 +319,68 @@ async def run_workload(port: int, branches: list[dict], mode: str, concurrency: 
 
 
 # --------------------------------------------------------------------------
+# modes
+
+# One entry per mode: does the client send X-Poimen-Cache-Key (the session id),
+# the gateway's max_queue_depth ("large" = --queue-depth, "small" =
+# --small-queue-depth), scheduler.overflow, and the `gateway.routing` section
+# (None: no `routing:` in the config at all, so binaries without that feature
+# accept the mode). max_num_seqs is 4 and queue_timeout_ms 120000 in all.
+MODES = {
+    "no-key": {"key": False, "queue": "large", "overflow": "reject", "routing": None},
+    "key": {"key": True, "queue": "large", "overflow": "reject", "routing": None},
+    "key-q2": {"key": True, "queue": "small", "overflow": "reject", "routing": None},
+    "spill-q2": {"key": True, "queue": "small", "overflow": "spill", "routing": None},
+    "bounded-1.25": {"key": True, "queue": "large", "overflow": "reject", "routing": {"balance_factor": 1.25}},
+    "bounded-1.5": {"key": True, "queue": "large", "overflow": "reject", "routing": {"balance_factor": 1.5}},
+    "prefix": {"key": False, "queue": "large", "overflow": "reject", "routing": {"keyless": "prefix"}},
+    "prefix-bounded": {"key": False, "queue": "large", "overflow": "reject",
+                       "routing": {"keyless": "prefix", "balance_factor": 1.25}},
+}
+
+
+def queue_depth(mode: str, a) -> int:
+    return a.queue_depth if MODES[mode]["queue"] == "large" else a.small_queue_depth
+
+
+def gateway_config(wd: Path, name: str, mode: str, sim_ports: list[int], a, port: int, metrics: int) -> Path:
+    m = MODES[mode]
+    sched = {"max_num_seqs": 4, "max_queue_depth": queue_depth(mode, a),
+             "queue_timeout_ms": 120000, "overflow": m["overflow"]}
+    extra = {"warmup": {"delay_ms": a.warmup_delay_ms}}
+    if m["routing"]:
+        extra["routing"] = dict(m["routing"])
+    return C.gateway_yaml(wd, name, port, metrics,
+                          [{"name": MODEL, "addresses": [f"127.0.0.1:{p}" for p in sim_ports]}],
+                          threads=2, scheduler=sched, extra=extra)
+
+
+def preflight(bins: Path, wd: Path, modes: list[str], a) -> dict[str, str]:
+    """`poimen-gateway -t` on every mode's config (nothing is started): the
+    modes whose config the binary refuses, with its message."""
+    ports = [C.free_port() for _ in range(MAX_SIMS)]
+    refused = {}
+    for m in modes:
+        cfg = gateway_config(wd, f"check-{m}", m, ports, a, C.free_port(), C.free_port())
+        chk = subprocess.run([str(bins / "poimen-gateway"), "-t", "-c", str(cfg)], capture_output=True, text=True)
+        if chk.returncode != 0:
+            refused[m] = " ".join((chk.stdout + chk.stderr).split())[:300]
+    return refused
+
+
+def mode_config_text(mode: str, a) -> str:
+    m = MODES[mode]
+    routing = ", ".join(f"{k}: {v}" for k, v in (m["routing"] or {}).items()) or "—"
+    return (f"| `{mode}` | {'session id' if m['key'] else 'none'} | {queue_depth(mode, a)} | {m['overflow']} | "
+            f"{routing} |")
+
+
+# --------------------------------------------------------------------------
+# one run
 
 
 def run_mode(bins, wd, procs, mode: str, variant: str, branches, a, kv_tokens: int, sim_ports: list[int]) -> dict:
+    sim_ports = sim_ports[:VARIANTS[variant]["sims"]]
     sims = []
     for i, p in enumerate(sim_ports):
         sims.append(C.start_sim(procs, bins, f"sim-{variant}-{mode}-{i}", p,
@@ -222,15 +388,10 @@ def run_mode(bins, wd, procs, mode: str, variant: str, branches, a, kv_tokens: i
                                 "--time-scale", str(a.time_scale), "--max-model-len", "65536",
                                 model=MODEL))
     gw_port, gw_metrics = C.free_port(), C.free_port()
-    small = mode.endswith("-q2")
-    sched = {"max_num_seqs": 4, "max_queue_depth": a.small_queue_depth if small else a.queue_depth,
-             "queue_timeout_ms": 120000, "overflow": "spill" if mode.startswith("spill") else "reject"}
-    cfg = C.gateway_yaml(wd, f"gw-{variant}-{mode}", gw_port, gw_metrics,
-                         [{"name": MODEL, "addresses": [f"127.0.0.1:{p}" for p in sim_ports]}],
-                         threads=2, scheduler=sched, extra={"warmup": {"delay_ms": a.warmup_delay_ms}})
+    cfg = gateway_config(wd, f"gw-{variant}-{mode}", mode, sim_ports, a, gw_port, gw_metrics)
     gw = C.start_gateway(procs, bins, f"gw-{variant}-{mode}", cfg, gw_port)
     try:
-        res = asyncio.run(run_workload(gw_port, branches, mode, a.concurrency, a.answer_tokens))
+        res = asyncio.run(run_workload(gw_port, branches, MODES[mode]["key"], a.concurrency, a.answer_tokens))
         hits = queries = 0.0
         per_sim = []
         for p in sim_ports:
@@ -253,6 +414,9 @@ def run_mode(bins, wd, procs, mode: str, variant: str, branches, a, kv_tokens: i
     n503 = sum(1 for r in recs if r["status"] == 503)
     other_err = [r for r in recs if r["status"] not in (200, 503) or (r["status"] == 200 and r["error"])]
     ok_all = sum(1 for r in recs if r["status"] == 200 and r["error"] is None)
+    per = [s["requests"] for s in per_sim]
+    mean = sum(per) / len(per)
+    same_warm, same_turn = stickiness(recs)
     return {
         "mode": mode, "variant": variant, "wall": res["wall"],
         "hit_rate": hits / queries if queries else float("nan"),
@@ -264,203 +428,336 @@ def run_mode(bins, wd, procs, mode: str, variant: str, branches, a, kv_tokens: i
         "requests": len(recs), "ok": ok_all, "n503": n503,
         "n503_warmup": sum(1 for r in recs if r["status"] == 503 and r["kind"] == "warmup"),
         "spills": sum(1 for r in recs if r["route"] == "spill"),
+        "routes": dict(Counter(r["route"] for r in recs if r["route"])),
         "other_errors": len(other_err), "other_error_examples": [r["error"] or r["status"] for r in other_err[:3]],
-        "per_sim_requests": [s["requests"] for s in per_sim],
+        "per_sim_requests": per,
+        "load_max_min": max(per) / min(per) if min(per) else math.inf,
+        "load_max_mean": max(per) / mean if mean else float("nan"),
+        "same_warm": same_warm, "same_turn": same_turn,
         "per_sim_hit": [s["hits"] / s["queries"] if s["queries"] else 0 for s in per_sim],
         "hot_share": sum(1 for r in recs if r["session"] == 0) / len(recs),
     }
 
 
-def chart(path: Path, results: dict, oracles: dict, modes: list[str], variants: list[str]) -> None:
+def stickiness(recs: list[dict]) -> tuple[float, float]:
+    """Within each branch, the share of answered requests that went to the
+    same backend as the branch's request just before them (also answered):
+    (warmup -> turn 1, turn n -> turn n+1)."""
+    by_branch: dict[tuple, dict[int, str]] = defaultdict(dict)
+    for r in recs:
+        if r["status"] == 200 and r["backend"]:
+            i = 0 if r["kind"] == "warmup" else int(r["kind"][4:])
+            by_branch[(r["session"], r["branch"])][i] = r["backend"]
+    n = {1: [0, 0], 2: [0, 0]}
+    for seq in by_branch.values():
+        for i, be in seq.items():
+            prev = seq.get(i - 1)
+            if prev is not None:
+                c = n[min(i, 2)]
+                c[0] += prev == be
+                c[1] += 1
+    return tuple(s / t if t else float("nan") for s, t in (n[1], n[2]))  # type: ignore[return-value]
+
+
+# --------------------------------------------------------------------------
+# report
+
+
+MED_KEYS = ("hit_rate", "ttft_p50", "ttft_p99", "ttft_hot_p50", "ttft_hot_p99", "rps", "ptps", "n503", "spills",
+            "wall", "other_errors", "n503_warmup", "load_max_min", "load_max_mean", "same_warm", "same_turn",
+            "cell_secs")
+
+
+def medians(runs: dict[tuple, list[dict]]) -> dict[tuple, dict]:
+    med = {k: {f: C.median([r[f] for r in rs]) for f in MED_KEYS} for k, rs in runs.items()}
+    for k, rs in runs.items():
+        names = sorted({n for r in rs for n in r["routes"]})
+        med[k]["routes"] = {n: C.median([r["routes"].get(n, 0) for r in rs]) for n in names}
+        med[k]["per_sim_requests"] = rs[-1]["per_sim_requests"]
+        med[k]["per_sim_all"] = [r["per_sim_requests"] for r in rs]
+        med[k]["hot_share"] = rs[0]["hot_share"]
+        med[k]["requests"] = rs[0]["requests"]
+    return med
+
+
+def fmt_routes(routes: dict) -> str:
+    items = sorted(routes.items(), key=lambda kv: (-kv[1], kv[0]))
+    return ", ".join(f"{n} {c:g}" for n, c in items) or "—"
+
+
+def fmt_ratio(x: float) -> str:
+    return "∞" if x == math.inf else ("—" if x != x else f"{x:.2f}")
+
+
+def fmt_pct(x: float) -> str:
+    return "—" if x != x else f"{x * 100:.0f}%"
+
+
+def run_line(r: dict) -> str:
+    return (f"hit {r['hit_rate'] * 100:5.1f}%  TTFT p50 {r['ttft_p50']:6.0f} p99 {r['ttft_p99']:6.0f} ms  "
+            f"{r['rps']:5.1f} req/s  503s {r['n503']:3.0f}  per sim max/min {fmt_ratio(r['load_max_min'])} "
+            f"max/mean {fmt_ratio(r['load_max_mean'])}  same backend {fmt_pct(r['same_warm'])}/"
+            f"{fmt_pct(r['same_turn'])}  routes {fmt_routes(r['routes'])}")
+
+
+def chart(path: Path, med: dict, oracles: dict, modes: list[str], variants: list[str]) -> None:
+    """One column per variant: hit rate (with the oracle) on top, completed
+    req/s below, one bar per mode (503s written on the req/s bar)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 4, figsize=(19, 4.8))
-    xs = range(len(modes))
-    width = 0.38
-    colors = {"uniform": "#4C72B0", "hot": "#DD8452"}
+    nv = len(variants)
+    fig, axes = plt.subplots(2, nv, figsize=(max(7.0, 0.55 * len(modes) * nv + 1.5), 8.4), squeeze=False)
+    cmap = plt.get_cmap("tab10")
+    colors = [cmap(i % 10) for i in range(len(modes))]
+    xs = list(range(len(modes)))
     for vi, v in enumerate(variants):
-        off = (vi - 0.5) * width
-        hr = [results[(v, m)]["hit_rate"] * 100 for m in modes]
-        bars = axes[0].bar([x + off for x in xs], hr, width, label=f"{v}", color=colors[v])
-        axes[0].bar_label(bars, fmt="%.0f%%", fontsize=8)
-        axes[0].axhline(oracles[v]["hit_rate"] * 100, color=colors[v], ls="--", lw=1,
-                        label=f"oracle ({v}) {oracles[v]['hit_rate'] * 100:.0f}%")
-        for ai, k in ((1, "ttft_p50"), (2, "ttft_p99"), (3, "rps")):
-            vals = [results[(v, m)][k] for m in modes]
-            bars = axes[ai].bar([x + off for x in xs], vals, width, label=v, color=colors[v])
-            axes[ai].bar_label(bars, fmt="%.1f" if k == "rps" else "%.0f", fontsize=8)
-        n503 = [results[(v, m)]["n503"] for m in modes]
-        for x, n in zip(xs, n503):
+        ax = axes[0][vi]
+        bars = ax.bar(xs, [med[(v, m)]["hit_rate"] * 100 for m in modes], 0.75, color=colors)
+        ax.bar_label(bars, fmt="%.0f", fontsize=7)
+        ax.axhline(oracles[v]["hit_rate"] * 100, color="black", ls="--", lw=1)
+        ax.set_ylim(0, 105)
+        ax.set_title(f"{v} ({VARIANTS[v]['sims']} sims): hit rate %\n(dashed: oracle "
+                     f"{oracles[v]['hit_rate'] * 100:.0f}%)", fontsize=10)
+        ax = axes[1][vi]
+        rps = [med[(v, m)]["rps"] for m in modes]
+        bars = ax.bar(xs, rps, 0.75, color=colors)
+        ax.bar_label(bars, fmt="%.1f", fontsize=7)
+        for x, m, y in zip(xs, modes, rps):
+            n = med[(v, m)]["n503"]
             if n:
-                axes[3].annotate(f"{n:.0f} x 503", (x + off, 0.5), ha="center", fontsize=7, rotation=90,
-                                 color="white", va="bottom")
-    axes[0].set_title("prefix-cache hit rate (sims' counters)")
-    axes[0].set_ylabel("% of prompt tokens")
-    axes[0].set_ylim(0, 105)
-    axes[1].set_title("TTFT p50 (ms)")
-    axes[2].set_title("TTFT p99 (ms)")
-    axes[3].set_title("throughput (completed req/s)")
-    for ax in axes:
-        ax.set_xticks(list(xs))
-        ax.set_xticklabels(modes)
-        ax.legend(fontsize=8)
+                ax.annotate(f"{n:.0f} x 503", (x, y * 0.05), ha="center", va="bottom", fontsize=7, rotation=90,
+                            color="white")
+        ax.set_title(f"{v}: completed req/s", fontsize=10)
+    for ax in axes.flat:
+        ax.set_xticks(xs)
+        ax.set_xticklabels(modes, rotation=40, ha="right", fontsize=8)
         ax.grid(axis="y", alpha=0.3)
-    fig.suptitle("poimen-gateway routing, 4 x vllm-sim with tight KV caches (medians over repetitions)")
+    axes[0][0].set_ylabel("% of prompt tokens (sims' counters)")
+    axes[1][0].set_ylabel("requests/s")
+    fig.suptitle("poimen-gateway routing, vllm-sim with tight KV caches\n(medians over repetitions)", fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# --------------------------------------------------------------------------
+
+
+def names(arg: str, known: list[str], what: str) -> list[str]:
+    out = [x.strip() for x in arg.split(",") if x.strip()]
+    bad = [x for x in out if x not in known]
+    if bad or not out:
+        sys.exit(f"--{what}: unknown {', '.join(bad) or '(none given)'}; known: {','.join(known)}")
+    return list(dict.fromkeys(out))
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--sessions", type=int, default=24)
-    ap.add_argument("--turns", type=int, default=5)
+    ap.add_argument("--sessions", type=int, default=24, help="sessions of uniform and hot (zipf: 64, few: 10)")
+    ap.add_argument("--turns", type=int, default=5, help="turns per branch (zipf: at most)")
     ap.add_argument("--answer-tokens", type=int, default=32)
     ap.add_argument("--concurrency", type=int, default=16, help="branches in flight at once")
     ap.add_argument("--time-scale", type=float, default=4.0, help="vllm-sim --time-scale")
-    ap.add_argument("--queue-depth", type=int, default=20, help="gateway max_queue_depth of no-key and key")
+    ap.add_argument("--queue-depth", type=int, default=20, help="gateway max_queue_depth of every mode but *-q2")
     ap.add_argument("--small-queue-depth", type=int, default=2, help="gateway max_queue_depth of key-q2, spill-q2")
     ap.add_argument("--warmup-delay-ms", type=int, default=100)
     ap.add_argument("--kv-tokens", type=int, default=0,
                     help="vllm-sim --kv-cache-tokens; 0 = a quarter of the uniform workload's distinct tokens")
-    ap.add_argument("--reps", type=int, default=3, help="repetitions of every (variant, mode); medians")
-    ap.add_argument("--variants", default="uniform,hot")
-    ap.add_argument("--modes", default="no-key,key,key-q2,spill-q2")
+    ap.add_argument("--reps", type=int, default=3, help="repetitions of every (variant, mode), interleaved; medians")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of %(default)s")
+    ap.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of %(default)s")
+    ap.add_argument("--skip-unsupported", action="store_true",
+                    help="drop the modes whose gateway config the binary refuses instead of stopping")
     ap.add_argument("--out", default=str(C.RESULTS / "routing.md"))
     ap.add_argument("--keep-logs", action="store_true")
     a = ap.parse_args()
 
+    variants = names(a.variants, list(VARIANTS), "variants")
+    modes = names(a.modes, list(MODES), "modes")
     C.signals_raise()
     bins = C.bin_dir()
-    variants = a.variants.split(",")
-    modes = a.modes.split(",")
-    workloads = {v: build_workload(a.seed, a.sessions, a.turns, v, a.answer_tokens) for v in variants}
+    target = a.sessions * a.turns  # zipf: as many turns as uniform
+    workloads = {v: build_workload(a.seed, variant_sessions(v, a), a.turns, v, a.answer_tokens, target)
+                 for v in variants}
     oracles = {v: oracle(workloads[v], a.answer_tokens) for v in variants}
+    heads = {v: check_heads(workloads[v], a.answer_tokens) for v in variants}
     base = oracle(build_workload(a.seed, a.sessions, a.turns, "uniform", a.answer_tokens), a.answer_tokens)
     kv = a.kv_tokens or int(math.ceil(base["distinct_block_tokens"] / 4 / 1024) * 1024)
     for v in variants:
-        o = oracles[v]
-        nreq = sum(a.turns + 1 for _ in workloads[v])
-        print(f"workload {v}: {len(workloads[v])} branches, {nreq} requests, {o['prompt_tokens']:,} prompt tokens, "
-              f"oracle hit rate {o['hit_rate'] * 100:.1f}%, distinct block tokens {o['distinct_block_tokens']:,}")
+        o, h = oracles[v], heads[v]
+        print(f"workload {v}: {h['sessions']} sessions, {h['branches']} branches, {n_requests(workloads[v])} "
+              f"requests on {VARIANTS[v]['sims']} sims, {o['prompt_tokens']:,} prompt tokens, oracle hit rate "
+              f"{o['hit_rate'] * 100:.1f}%, distinct block tokens {o['distinct_block_tokens']:,} "
+              f"({o['distinct_block_tokens'] / (VARIANTS[v]['sims'] * kv):.2f} x the sims' caches), "
+              f"{h['turn_heads']} keyless-prefix heads", flush=True)
     print(f"vllm-sim --kv-cache-tokens {kv} per sim (x4 = {4 * kv / base['distinct_block_tokens']:.2f} of the "
           f"uniform workload's distinct tokens)", flush=True)
 
     t_start = time.time()
     runs: dict[tuple, list[dict]] = {}
     with C.bench_run("routing", a.keep_logs) as (wd, procs):
+        refused = preflight(bins, wd, modes, a)
+        if refused:
+            for m, msg in refused.items():
+                print(f"mode {m}: {bins / 'poimen-gateway'} refuses its config: {msg}", file=sys.stderr)
+            if not a.skip_unsupported:
+                sys.exit(f"{len(refused)} mode(s) not supported by this binary: {','.join(refused)} "
+                         "(leave them out with --modes, or pass --skip-unsupported)")
+            modes = [m for m in modes if m not in refused]
+            if not modes:
+                sys.exit("no mode left to run")
+        total = a.reps * len(variants) * len(modes)
+        done = 0
         for rep in range(a.reps):
             # The rendezvous hash ranks backends by their address text, so the
-            # ports decide which sessions share a sim: the same 4 ports for every
-            # mode of a repetition, new ones for the next repetition.
-            sim_ports = [C.free_port() for _ in range(4)]
+            # ports decide which sessions share a sim: the same ports for every
+            # variant and mode of a repetition (few: the first 3), new ones for
+            # the next repetition.
+            sim_ports = [C.free_port() for _ in range(MAX_SIMS)]
             for v in variants:
                 order = modes if rep % 2 == 0 else list(reversed(modes))
                 for m in order:
+                    t_cell = time.time()
                     r = run_mode(bins, wd, procs, m, v, workloads[v], a, kv, sim_ports)
+                    r["cell_secs"] = time.time() - t_cell
                     runs.setdefault((v, m), []).append(r)
-                    print(f"  rep {rep + 1} {v:7s} {m:6s} hit {r['hit_rate'] * 100:5.1f}%  TTFT p50 "
-                          f"{r['ttft_p50']:7.1f} ms p99 {r['ttft_p99']:7.1f} ms  {r['rps']:5.1f} req/s  "
-                          f"{r['ptps']:8.0f} prompt tok/s  503s {r['n503']:3d}  spills {r['spills']:3d}  "
-                          f"per sim {r['per_sim_requests']}  wall {r['wall']:.1f}s  other errors {r['other_errors']}",
+                    done += 1
+                    el = time.time() - t_start
+                    print(f"  [{done}/{total}, {el / 60:.1f} min, ~{el / done * (total - done) / 60:.1f} min left] "
+                          f"rep {rep + 1} {v:7s} {m:14s} {run_line(r)}  per sim {r['per_sim_requests']}  "
+                          f"wall {r['wall']:.1f}s (run {r['cell_secs']:.1f}s)  other errors {r['other_errors']}",
                           flush=True)
                     if r["other_errors"]:
                         print(f"    examples: {r['other_error_examples']}", flush=True)
-        keys = ("hit_rate", "ttft_p50", "ttft_p99", "ttft_hot_p50", "ttft_hot_p99", "rps", "ptps", "n503", "spills", "wall",
-                "other_errors", "n503_warmup")
-        med = {k: {f: C.median([r[f] for r in rs]) for f in keys} for k, rs in runs.items()}
-        for k, rs in runs.items():
-            med[k]["per_sim_requests"] = rs[-1]["per_sim_requests"]
-            med[k]["per_sim_all"] = [r["per_sim_requests"] for r in rs]
-            med[k]["hot_share"] = rs[0]["hot_share"]
-            med[k]["requests"] = rs[0]["requests"]
+        med = medians(runs)
         out = Path(a.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         png = out.with_suffix(".png")
         chart(png, med, oracles, modes, variants)
-        report = render(a, kv, workloads, oracles, med, runs, modes, variants, png, time.time() - t_start)
+        report = render(a, kv, base, workloads, heads, oracles, med, runs, modes, variants, refused, png,
+                        time.time() - t_start)
         out.write_text(report)
+        print()
+        print("summary (medians):")
+        for v in variants:
+            for m in modes:
+                print(f"  {v:7s} {m:14s} {run_line(med[(v, m)])}  (oracle {oracles[v]['hit_rate'] * 100:.1f}%)")
         print()
         print(report)
         print(f"written to {out} and {png}")
         return 0
 
 
-def render(a, kv, workloads, oracles, med, runs, modes, variants, png, elapsed) -> str:
+def render(a, kv, base, workloads, heads, oracles, med, runs, modes, variants, refused, png, elapsed) -> str:
     L = C.report_head("poimen-gateway routing quality (vllm-sim)", C.bin_dir())
     w = L.append
-    w(f"- command: `python3 bench/routing/run.py` (defaults: `--seed {a.seed} --sessions {a.sessions} "
-      f"--turns {a.turns} --concurrency {a.concurrency} --time-scale {a.time_scale:g} --queue-depth "
-      f"{a.queue_depth} --small-queue-depth {a.small_queue_depth} --reps {a.reps}`); total run time "
-      f"{elapsed / 60:.1f} min")
+    cell = [r["cell_secs"] for rs in runs.values() for r in rs]
+    args = " ".join(sys.argv[1:])
+    w(f"- command: `python3 bench/routing/run.py{' ' + args if args else ''}` (parameters: `--seed {a.seed} "
+      f"--sessions {a.sessions} --turns {a.turns} --concurrency {a.concurrency} --time-scale {a.time_scale:g} "
+      f"--queue-depth {a.queue_depth} --small-queue-depth {a.small_queue_depth} --reps {a.reps} --variants "
+      f"{','.join(variants)} --modes {','.join(modes)}`); total run time {elapsed / 60:.1f} min, {len(cell)} runs, "
+      f"median {C.median(cell):.1f} s per run (start sims and gateway, workload, stop)")
     w("")
     w("## Set-up")
     w("")
-    w(f"- 4 × `vllm-sim --max-num-seqs 4 --kv-cache-tokens {kv} --time-scale {a.time_scale:g}` (default costs: "
-      "prefill 20 µs per uncached token, decode 2 ms per token + 0.2 ms per running sequence, all × time-scale), "
-      "restarted before every run (cold caches). "
-      f"{kv:,} tokens per sim = a quarter of the uniform workload's {oracles.get('uniform', next(iter(oracles.values())))['distinct_block_tokens']:,} "
-      "distinct prompt tokens, i.e. one sim holds about a quarter of the sessions' contexts.")
-    w(f"- gateway (`threads: 2`, restarted before every run): one model over the 4 sims, `scheduler: "
-      f"{{max_num_seqs: 4, max_queue_depth: {a.queue_depth} (no-key, key) or {a.small_queue_depth} (key-q2, "
-      f"spill-q2), overflow: reject (spill in spill-q2)}}`, "
-      f"`warmup.delay_ms: {a.warmup_delay_ms}`, `stream_usage: true` (default).")
-    w(f"- workload (seed {a.seed}): {a.sessions} sessions; system message = a 6,000-byte (1,500-token) system "
-      "prompt shared by all sessions + a per-session memory context of 3,000–4,000 tokens; a warmup "
-      f"(`X-Poimen-Warmup: true`, `max_tokens: 1`, the system message alone) then {a.turns} streamed turns, "
-      f"each appending a 75–200-token user message and the previous {a.answer_tokens}-token answer. "
-      f"At most {a.concurrency} branches in flight; a 503 is counted and not retried (the conversation goes on).")
+    w(f"- `vllm-sim --max-num-seqs 4 --kv-cache-tokens {kv} --time-scale {a.time_scale:g}` × 4 (× 3 in `few`) "
+      "(default costs: prefill 20 µs per uncached token, decode 2 ms per token + 0.2 ms per running sequence, "
+      f"all × time-scale), restarted before every run (cold caches). {kv:,} tokens per sim = a quarter of the "
+      f"uniform workload's {base['distinct_block_tokens']:,} distinct prompt tokens, in every variant.")
+    w(f"- gateway (`threads: 2`, restarted before every run): one model over the sims, `scheduler: "
+      f"{{max_num_seqs: 4, max_queue_depth, queue_timeout_ms: 120000, overflow}}` and `gateway.routing` per mode "
+      f"(below), `warmup.delay_ms: {a.warmup_delay_ms}`, `stream_usage: true` (default).")
+    w(f"- workload (seed {a.seed}): a session's system message = a 6,000-byte (1,500-token) system prompt shared "
+      "by all sessions + a per-session memory context of 3,000–4,000 tokens; each branch of a session (a "
+      "sub-agent sharing its key and context) sends a warmup (`X-Poimen-Warmup: true`, `max_tokens: 1`, the "
+      "system message alone) then streamed turns, each appending the previous "
+      f"{a.answer_tokens}-token answer and a 75–200-token user message. At most {a.concurrency} branches in "
+      "flight; a 503 is counted and not retried (the conversation goes on).")
     for v in variants:
-        n = len(workloads[v])
-        w(f"- `{v}`: {n} branches, {n * (a.turns + 1)} requests, {oracles[v]['prompt_tokens']:,} prompt tokens"
-          + (f"; the hot session has {sum(1 for b in workloads[v] if b['session'] == 0)} branches "
-             f"(sub-agents sharing its key and context; branches ∝ 1/rank^2.5) = "
-             f"{med[(v, modes[0])]['hot_share'] * 100:.0f}% of requests" if v == "hot" else ""))
-    w(f"- modes: `no-key` = no `X-Poimen-Cache-Key` (round-robin); `key` = key per session (rendezvous); "
-      f"`key-q2` = the same with `max_queue_depth: {a.small_queue_depth}` (overflow reject); `spill-q2` = the "
-      f"same with `overflow: spill` (differs from key-q2 only there).")
-    w("- hit rate = Σ over the 4 sims of `vllm:prefix_cache_hits_total` / Σ `vllm:prefix_cache_queries_total` "
+        o, h, wl = oracles[v], heads[v], workloads[v]
+        top = sum(1 for b in wl if b["session"] == 0)
+        desc = {
+            "uniform": "one branch per session",
+            "hot": f"branches ∝ 1/rank^2.5, the hot session {top} branches = "
+                   f"{med[(v, modes[0])]['hot_share'] * 100:.0f}% of requests",
+            "zipf": f"turns per session ∝ 1/rank^1.1 (max(1, round(c/rank^1.1)), total ≥ {a.sessions * a.turns}, "
+                    f"the uniform workload's turns), split into branches of ≤ {a.turns} turns; the top session "
+                    f"{sum(len(b['questions']) for b in wl if b['session'] == 0)} turns in {top} branches = "
+                    f"{med[(v, modes[0])]['hot_share'] * 100:.0f}% of requests",
+            "few": "one branch per session (the demo's shape)",
+        }[v]
+        w(f"- `{v}`: {h['sessions']} sessions on {VARIANTS[v]['sims']} sims, {h['branches']} branches, "
+          f"{n_requests(wl)} requests, {o['prompt_tokens']:,} prompt tokens, {o['distinct_block_tokens']:,} "
+          f"distinct (= {o['distinct_block_tokens'] / (VARIANTS[v]['sims'] * kv):.2f} × the sims' caches); "
+          f"{desc}; {h['turn_heads']} distinct keyless-prefix heads (system + first user message) over its turns")
+    w("- keyless prefix affinity (`prefix*` modes): a turn's head (system message + the branch's first user "
+      "message) is the same in all turns of a branch, so the derived key is per branch: per session in uniform "
+      "and few, per sub-agent in hot and zipf (where `key` pins all of a session's branches to one backend). A "
+      "warmup has no user message: where it goes is the gateway's rule for such bodies (see the routes and the "
+      "warmup → turn 1 column).")
+    w("- modes (the client sends `X-Poimen-Cache-Key: session-NNN` or nothing):")
+    w("")
+    w("| mode | X-Poimen-Cache-Key | max_queue_depth | overflow | gateway.routing |")
+    w("|---|---|---:|---|---|")
+    for m in modes:
+        w(mode_config_text(m, a))
+    w("")
+    if refused:
+        w("Not run (the binary refused the config): " + "; ".join(f"`{m}`: {msg}" for m, msg in refused.items()))
+        w("")
+    w("- hit rate = Σ over the sims of `vllm:prefix_cache_hits_total` / Σ `vllm:prefix_cache_queries_total` "
       "(the sims' own /metrics; warmups included). TTFT = request sent → first chunk with content, turns only. "
       "req/s = completed requests (warmups included) / wall time; prompt tok/s = Σ queries / wall time.")
     w("- oracle = the share of prompt tokens (warmups included) in leading full 16-token blocks that some "
       "earlier request's prompt also had (the sim's tokenization: 4 bytes per token, `<role>\\n<content>\\n` "
       "per message, chained blocks), i.e. one infinite cache; computed offline from the prompts.")
+    w("- per sim: requests each sim received (its `/sim/stats`); max/min and max/mean of those counts per run, "
+      "then the median over repetitions. same backend = within a branch, the share of answered requests served "
+      "by the same backend as the branch's previous answered request: warmup → turn 1 / turn n → turn n+1. "
+      "routes = responses per `X-Poimen-Route` value (503 `queue_full` answers carry none), medians.")
     w("- the rendezvous hash ranks backends by their address text (`127.0.0.1:PORT`), so which sessions share a "
-      "sim depends on the ports: every repetition picks 4 new free ports and uses them for all its modes; with "
-      f"{a.sessions} keys on 4 sims the split is uneven and differs per repetition (see the per-sim counts).")
+      "sim depends on the ports: every repetition picks new free ports and uses them for all its variants and "
+      "modes (`few`: the first 3); the split is uneven and differs per repetition (see the per-sim counts).")
     w("")
-    w(f"## Results (medians over {a.reps} repetitions; modes interleaved)")
+    w(f"## Results (medians over {a.reps} repetitions; repetitions interleaved)")
     w("")
-    w("| variant | mode | hit rate | oracle | TTFT p50 ms | TTFT p99 ms | session-0 TTFT p50 / p99 ms | req/s | prompt tok/s "
-      "| 503s (warmups) | spills | requests per sim (last rep) |")
-    w("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    w("| variant | mode | hit rate | oracle | TTFT p50 ms | TTFT p99 ms | session-0 TTFT p50 / p99 ms | req/s "
+      "| prompt tok/s | 503s (warmups) | per sim max/min | max/mean | same backend warmup→t1 / t→t+1 "
+      "| X-Poimen-Route |")
+    w("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for v in variants:
         for m in modes:
             r = med[(v, m)]
             w(f"| {v} | {m} | {r['hit_rate'] * 100:.1f}% | {oracles[v]['hit_rate'] * 100:.1f}% | "
-              f"{r['ttft_p50']:.0f} | {r['ttft_p99']:.0f} | {r['ttft_hot_p50']:.0f} / {r['ttft_hot_p99']:.0f} | {r['rps']:.1f} | "
-              f"{r['ptps']:,.0f} | {r['n503']:.0f} ({r['n503_warmup']:.0f}) | {r['spills']:.0f} | "
-              f"{' / '.join(str(x) for x in r['per_sim_requests'])} |")
+              f"{r['ttft_p50']:.0f} | {r['ttft_p99']:.0f} | {r['ttft_hot_p50']:.0f} / {r['ttft_hot_p99']:.0f} | "
+              f"{r['rps']:.1f} | {r['ptps']:,.0f} | {r['n503']:.0f} ({r['n503_warmup']:.0f}) | "
+              f"{fmt_ratio(r['load_max_min'])} | {fmt_ratio(r['load_max_mean'])} | "
+              f"{fmt_pct(r['same_warm'])} / {fmt_pct(r['same_turn'])} | {fmt_routes(r['routes'])} |")
     w("")
-    w("session-0 is the hot session in `hot` (an ordinary one in `uniform`). 503s are 503 `queue_full` "
-      "answers (counted, not retried); spills are answers with `X-Poimen-Route: spill`. TTFT and req/s count "
-      "answered requests only, so a mode that refuses work (key-q2) looks faster than one that queues it (key): "
-      "read TTFT together with the 503 column.")
+    w("session-0 is the hot session in `hot`, the rank-1 session in `zipf`, an ordinary one in `uniform` and "
+      "`few`. 503s are 503 `queue_full` answers (counted, not retried). Routes: `hash` = a key's first "
+      "rendezvous choice, `round_robin` = no key, `spill` = past a full backend (overflow: spill), `balance` = "
+      "past a backend over the bounded-load limit, `prefix` = a key derived from the body, `fallback` = past an "
+      "excluded backend. TTFT and req/s count answered requests only, so a mode that refuses work (key-q2) "
+      "looks faster than one that queues it (key): read TTFT together with the 503 column.")
     w("")
     errs = sum(r["other_errors"] for rs in runs.values() for r in rs)
     w(f"Errors other than 503 over all runs: {errs}.")
     w("")
     w("Every run:")
     w("")
-    w("| variant | mode | rep | hit rate | TTFT p50 ms | TTFT p99 ms | req/s | 503s | spills | wall s | requests per sim |")
-    w("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    w("| variant | mode | rep | hit rate | TTFT p50 ms | TTFT p99 ms | req/s | 503s | max/min | wall s | "
+      "requests per sim | X-Poimen-Route |")
+    w("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
     for v in variants:
         for m in modes:
             for i, r in enumerate(runs[(v, m)]):
                 w(f"| {v} | {m} | {i + 1} | {r['hit_rate'] * 100:.1f}% | {r['ttft_p50']:.0f} | {r['ttft_p99']:.0f} | "
-                  f"{r['rps']:.1f} | {r['n503']} | {r['spills']} | {r['wall']:.1f} | "
-                  f"{' / '.join(str(x) for x in r['per_sim_requests'])} |")
+                  f"{r['rps']:.1f} | {r['n503']} | {fmt_ratio(r['load_max_min'])} | {r['wall']:.1f} | "
+                  f"{' / '.join(str(x) for x in r['per_sim_requests'])} | {fmt_routes(r['routes'])} |")
     w("")
     w(f"![routing chart]({png.name})")
     w("")
