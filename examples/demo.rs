@@ -1,31 +1,45 @@
 //! The demo behind `./demo.sh`: three vllm-sim instances, the gateway with
 //! `conf/demo.yaml`, and an agent workload run twice, with and without
 //! `X-Poimen-Cache-Key`. Every process it starts is stopped when it ends.
+//!
+//! Everything listens on a free port the process picks itself (port 0) and
+//! the demo reads back, so that two runs on one machine do not collide.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-const GATEWAY: &str = "http://127.0.0.1:18080";
-const METRICS: &str = "http://127.0.0.1:18091/metrics";
-const SIMS: [&str; 3] = ["127.0.0.1:18001", "127.0.0.1:18002", "127.0.0.1:18003"];
+/// The gateway's listeners as the tests read them back.
+#[path = "../tests/support/ports.rs"]
+mod ports;
+
 const MODEL: &str = "demo-model";
 const SESSIONS: usize = 10;
 const TURNS: usize = 4;
+const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 1);
+/// The metrics listener must differ from the client one; Linux serves all
+/// of 127.0.0.0/8 on loopback.
+const METRICS_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
 
-/// Children killed when the demo ends, however it ends.
-struct Procs(Vec<Child>);
+/// Children killed and the run's files removed when the demo ends, however
+/// it ends.
+struct Procs {
+    children: Vec<Child>,
+    dir: PathBuf,
+}
 
 impl Drop for Procs {
     fn drop(&mut self) {
-        for c in &mut self.0 {
+        for c in &mut self.children {
             let _ = c.kill();
             let _ = c.wait();
         }
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -57,9 +71,11 @@ fn bin_dir() -> PathBuf {
         .to_path_buf()
 }
 
-fn start_sim(bin: &Path, addr: &str) -> Child {
+/// A vllm-sim on a free port, and the address it reports.
+fn start_sim(bin: &Path) -> (Child, SocketAddr) {
     let mut child = Command::new(bin)
-        .args(["--listen", addr, "--model", MODEL, "--time-scale", "0.2"])
+        .args(["--listen", &format!("{CLIENT_IP}:0"), "--model", MODEL])
+        .args(["--time-scale", "0.2"])
         .args(["--kv-cache-tokens", "16384", "--max-num-seqs", "4"])
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
@@ -69,8 +85,51 @@ fn start_sim(bin: &Path, addr: &str) -> Child {
     BufReader::new(child.stdout.take().unwrap())
         .read_line(&mut line)
         .unwrap();
-    assert!(line.contains("listening"), "vllm-sim on {addr}: {line}");
-    child
+    let addr = line
+        .trim()
+        .strip_prefix("vllm-sim listening on ")
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("vllm-sim's first line: {line:?}"));
+    (child, addr)
+}
+
+/// conf/demo.yaml with this run's addresses: the listeners on port 0, the
+/// model on the simulators, the pid file and upgrade socket in `dir`.
+fn write_config(dir: &Path, sims: &[SocketAddr]) -> PathBuf {
+    let demo = concat!(env!("CARGO_MANIFEST_DIR"), "/conf/demo.yaml");
+    let text = std::fs::read_to_string(demo).expect("conf/demo.yaml");
+    let mut conf: serde_yaml::Value = serde_yaml::from_str(&text).expect("conf/demo.yaml is YAML");
+    conf["pid_file"] = dir.join("demo.pid").display().to_string().into();
+    conf["upgrade_sock"] = dir.join("upgrade.sock").display().to_string().into();
+    let gateway = &mut conf["gateway"];
+    gateway["listen"] = format!("{CLIENT_IP}:0").into();
+    gateway["metrics_listen"] = format!("{METRICS_IP}:0").into();
+    let model = gateway["models"]
+        .as_sequence_mut()
+        .and_then(|models| models.iter_mut().find(|m| m["name"] == MODEL))
+        .expect("conf/demo.yaml serves the demo's model");
+    model["addresses"] = sims.iter().map(|a| a.to_string()).collect();
+    let path = dir.join("demo.yaml");
+    std::fs::write(&path, serde_yaml::to_string(&conf).unwrap()).unwrap();
+    path
+}
+
+/// The gateway's client and metrics addresses, once it listens on both
+/// (Pingora binds them after the process started).
+async fn listening(gateway: &mut Child) -> (SocketAddr, SocketAddr) {
+    let ips = [IpAddr::V4(CLIENT_IP), IpAddr::V4(METRICS_IP)];
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(status) = gateway.try_wait().unwrap() {
+            panic!("the gateway exited: {status}");
+        }
+        let found = ports::listening_on(gateway.id(), &ips).expect("the gateway's /proc entries");
+        if let Some(addrs) = found {
+            return (addrs[0], addrs[1]);
+        }
+        assert!(Instant::now() < deadline, "the gateway did not come up");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// One run of the workload: per session, the backends used and the usage.
@@ -82,15 +141,14 @@ struct Run {
 
 async fn chat(
     http: &reqwest::Client,
+    url: &str,
     messages: &Value,
     key: Option<&str>,
     warmup: bool,
 ) -> (String, u64, u64) {
     let max_tokens = if warmup { 1 } else { 16 };
     let body = json!({"messages": messages, "max_tokens": max_tokens, "model": MODEL});
-    let mut req = http
-        .post(format!("{GATEWAY}/v1/chat/completions"))
-        .json(&body);
+    let mut req = http.post(url).json(&body);
     if let Some(k) = key {
         req = req.header("X-Poimen-Cache-Key", k);
     }
@@ -111,7 +169,7 @@ async fn chat(
     (backend, prompt, cached)
 }
 
-async fn workload(http: &reqwest::Client, keyed: bool, seed: u64) -> Run {
+async fn workload(http: &reqwest::Client, url: &str, keyed: bool, seed: u64) -> Run {
     let system = text(1, 900);
     let mut run = Run {
         backends: BTreeMap::new(),
@@ -129,7 +187,7 @@ async fn workload(http: &reqwest::Client, keyed: bool, seed: u64) -> Run {
     let warmups = (0..SESSIONS).map(|s| {
         let key = keyed.then(|| name(s));
         let msgs = Value::Array(convs[s].clone());
-        async move { chat(http, &msgs, key.as_deref(), true).await }
+        async move { chat(http, url, &msgs, key.as_deref(), true).await }
     });
     futures::future::join_all(warmups).await;
     for turn in 0..TURNS {
@@ -139,7 +197,7 @@ async fn workload(http: &reqwest::Client, keyed: bool, seed: u64) -> Run {
         let turns = convs.iter().enumerate().map(|(s, conv)| {
             let key = keyed.then(|| name(s));
             let msgs = Value::Array(conv.clone());
-            async move { (s, chat(http, &msgs, key.as_deref(), false).await) }
+            async move { (s, chat(http, url, &msgs, key.as_deref(), false).await) }
         });
         for (s, (backend, prompt, cached)) in futures::future::join_all(turns).await {
             run.backends.entry(name(s)).or_default().insert(backend);
@@ -175,33 +233,39 @@ fn report(title: &str, run: &Run) {
 
 #[tokio::main]
 async fn main() {
-    let dir = bin_dir();
-    let mut procs = Procs(Vec::new());
-    for addr in SIMS {
-        procs.0.push(start_sim(&dir.join("vllm-sim"), addr));
+    let bin = bin_dir();
+    let mut procs = Procs {
+        children: Vec::new(),
+        dir: std::env::temp_dir().join(format!("poimen-demo-{}", std::process::id())),
+    };
+    std::fs::create_dir_all(&procs.dir).unwrap();
+    let mut sims = Vec::new();
+    for _ in 0..3 {
+        let (child, addr) = start_sim(&bin.join("vllm-sim"));
+        procs.children.push(child);
+        sims.push(addr);
     }
-    let conf = concat!(env!("CARGO_MANIFEST_DIR"), "/conf/demo.yaml");
-    procs.0.push(
-        Command::new(dir.join("poimen-gateway"))
-            .args(["-c", conf])
+    let conf = write_config(&procs.dir, &sims);
+    procs.children.push(
+        Command::new(bin.join("poimen-gateway"))
+            .arg("-c")
+            .arg(&conf)
             .env("RUST_LOG", "warn")
             .spawn()
             .expect("gateway starts"),
     );
+    let (gateway, metrics) = listening(procs.children.last_mut().unwrap()).await;
+    let url = format!("http://{gateway}/v1/chat/completions");
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while http.get(format!("{GATEWAY}/health")).send().await.is_err() {
-        assert!(Instant::now() < deadline, "the gateway did not come up");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let sim_list: Vec<String> = sims.iter().map(SocketAddr::to_string).collect();
     println!(
-        "3 simulated vLLM instances ({}) behind poimen-gateway on {GATEWAY}",
-        SIMS.join(", ")
+        "3 simulated vLLM instances ({}) behind poimen-gateway on http://{gateway}",
+        sim_list.join(", ")
     );
     println!("workload: {SESSIONS} agent sessions x {TURNS} turns, a shared system prompt and a");
     println!("per-session memory context, and a warmup before each session's first turn");
 
-    let keyed = workload(&http, true, 1000).await;
+    let keyed = workload(&http, &url, true, 1000).await;
     report(
         "with X-Poimen-Cache-Key (rendezvous: each session stays on one GPU)",
         &keyed,
@@ -210,11 +274,11 @@ async fn main() {
         "  (over many keys rendezvous spreads evenly; {SESSIONS} keys on 3 backends can bunch,"
     );
     println!("   and `overflow: spill` moves a full backend's excess to the runner-up)");
-    let unkeyed = workload(&http, false, 2000).await;
+    let unkeyed = workload(&http, &url, false, 2000).await;
     report("without a key (round-robin: sessions wander)", &unkeyed);
 
     let metrics = http
-        .get(METRICS)
+        .get(format!("http://{metrics}/metrics"))
         .send()
         .await
         .unwrap()

@@ -163,7 +163,10 @@ async fn a_warmup_yields_to_agent_requests_and_is_marked_low_priority() {
     );
     // AC6: a warmup sent just before agent requests reaches the backend after them.
     let warm = tokio::spawn(warmup_request(&gw, "w").send());
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    eventually("the warmup delayed", || async {
+        gw.metric("warmup_requests_delayed_total", &[]).await == 1.0
+    })
+    .await;
     for i in 0..3 {
         assert_eq!(chat(&gw, "m", Some(&format!("a{i}"))).await.status(), 200);
     }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::support::gateway::{one_model, temp_dir};
-use crate::support::{chat, client, get, header, FakeBackend, Gateway, Reply};
+use crate::support::{chat, client, eventually, get, header, FakeBackend, Gateway, Reply};
 
 async fn inflight(gw: &Gateway, b: &FakeBackend) -> f64 {
     gw.metric(
@@ -120,12 +120,13 @@ async fn a_slow_health_endpoint_does_not_exclude_a_busy_backend() {
         ))
         .await,
     );
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    eventually("the health check probing", || async {
+        b.seen().iter().filter(|s| s.path == "/health").count() >= 2
+    })
+    .await;
     for _ in 0..3 {
         assert_eq!(chat(&gw, "m", None).await.status(), 200);
     }
-    let probes = b.seen().iter().filter(|s| s.path == "/health").count();
-    assert!(probes >= 2, "the health check ran ({probes} probes)");
     assert_eq!(gw.metric("poimen_gateway_backend_excluded", &[]).await, 0.0);
 }
 
@@ -208,7 +209,7 @@ async fn a_slow_client_is_backpressured_and_its_slot_freed_when_it_leaves() {
     while read < 1 << 20 {
         read += resp.chunk().await.unwrap().unwrap().len();
     }
-    // The client stops reading: the gateway must not pull the rest in.
+    // The client stops reading; waited out: the gateway must not pull the rest in.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let during = gw.rss_kib();
     assert!(
@@ -217,7 +218,7 @@ async fn a_slow_client_is_backpressured_and_its_slot_freed_when_it_leaves() {
     );
     assert_eq!(inflight(&gw, &b).await, 1.0);
     drop(resp);
-    crate::support::eventually("slot freed", || async { inflight(&gw, &b).await == 0.0 }).await;
+    eventually("slot freed", || async { inflight(&gw, &b).await == 0.0 }).await;
     eprintln!(
         "slow client: gateway RSS {before} KiB before, {during} KiB while 63 MiB waited upstream"
     );

@@ -4,32 +4,42 @@
 //! the old one) to a config with one more backend.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::net::SocketAddr;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::support::gateway::{temp_dir, BIN};
-use crate::support::{chat_body, FakeBackend, Reply};
+use crate::support::gateway::{alive, one_model, Conf};
+use crate::support::{chat_body, eventually, FakeBackend, Reply};
 
 /// Daemons are not our children: kill whatever pids we saw at the end.
 struct Daemons {
-    dir: PathBuf,
+    conf: Conf,
     pids: Vec<u32>,
 }
 
 impl Daemons {
     fn pid(&self) -> u32 {
-        std::fs::read_to_string(self.dir.join("gw.pid"))
-            .unwrap_or_default()
-            .trim()
-            .parse()
-            .unwrap_or(0)
+        self.conf.pid().unwrap_or(0)
     }
 
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("error.log")).unwrap_or_default()
+    /// The pid of a daemon other than `old`, once it has written it.
+    async fn next_pid(&self, old: u32) -> u32 {
+        eventually("a new pid in the pid file", || async {
+            ![0, old].contains(&self.pid())
+        })
+        .await;
+        self.pid()
+    }
+
+    /// Start `poimen-gateway -d [-u] -c FILE`; its foreground process exits
+    /// once it has forked the daemon (after taking the sockets over, with -u).
+    fn start(&self, upgrade: bool) -> tokio::process::Child {
+        let args: &[&str] = if upgrade { &["-d", "-u"] } else { &["-d"] };
+        tokio::process::Command::from(self.conf.command(args))
+            .spawn()
+            .unwrap()
     }
 }
 
@@ -39,53 +49,17 @@ impl Drop for Daemons {
             let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
         }
         if std::thread::panicking() {
-            eprintln!("--- daemon log ---\n{}", self.log());
+            eprintln!("--- daemon log ---\n{}", self.conf.log());
         }
     }
 }
 
-fn alive(pid: u32) -> bool {
-    Path::new(&format!("/proc/{pid}")).exists()
-        && !std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z "))
-}
-
-fn write_config(
-    dir: &Path,
-    port: u16,
-    metrics: u16,
-    backends: &[std::net::SocketAddr],
-    stream: std::net::SocketAddr,
-) {
-    let list: Vec<String> = backends.iter().map(|a| format!("\"{a}\"")).collect();
-    let yaml = format!(
-        "version: 1\nthreads: 2\nwork_stealing: false\npid_file: {d}/gw.pid\nupgrade_sock: {d}/upgrade.sock\nerror_log: {d}/error.log\n\
-         grace_period_seconds: 3\ngraceful_shutdown_timeout_seconds: 1\n\
-         gateway:\n  listen: \"127.0.0.1:{port}\"\n  metrics_listen: \"127.0.0.1:{metrics}\"\n\
-         \x20 models:\n    - name: m\n      addresses: [{}]\n    - name: s\n      address: \"{stream}\"\n",
-        list.join(", "),
-        d = dir.display()
-    );
-    std::fs::write(dir.join("gateway.yaml"), yaml).unwrap();
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// Start `poimen-gateway -d [-u] -c FILE`; returns once the foreground
-/// process exited (it forks the daemon after taking the sockets over).
-async fn start_daemon(conf: PathBuf, upgrade: bool) -> std::process::ExitStatus {
-    let mut cmd = tokio::process::Command::new(BIN);
-    cmd.arg("-d");
-    if upgrade {
-        cmd.arg("-u");
-    }
-    cmd.arg("-c").arg(conf).env("RUST_LOG", "info");
-    cmd.status().await.unwrap()
+/// Model `m` over `backends`, and model `s` for the streams.
+fn models(backends: &[SocketAddr], stream: SocketAddr) -> String {
+    format!(
+        "{}    - name: s\n      address: \"{stream}\"\n",
+        one_model("m", backends)
+    )
 }
 
 /// The backend each key is routed to now. A fresh connection the old
@@ -125,22 +99,30 @@ async fn mapping(
 }
 
 /// A graceful upgrade: the new process first (it waits for the sockets),
-/// then SIGQUIT to the old one, which hands them over and drains.
-async fn upgrade(d: &mut Daemons, conf: &Path) -> u32 {
+/// then SIGQUIT to the old one, which hands them over and drains. The new
+/// daemon must hold the very sockets the old one had: `listening`.
+async fn upgrade(d: &mut Daemons, listening: (SocketAddr, SocketAddr)) -> u32 {
     let old = d.pid();
     d.pids.push(old);
-    let new = tokio::spawn(start_daemon(conf.to_path_buf(), true));
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut new = d.start(true);
+    // Pingora removes the upgrade socket after each handover, so it exists
+    // once the new process waits on it.
+    let sock = d.conf.upgrade_sock();
+    eventually("the new process waiting on the upgrade socket", || async {
+        sock.exists()
+    })
+    .await;
     Command::new("kill")
         .args(["-QUIT", &old.to_string()])
         .status()
         .unwrap();
-    assert!(new.await.unwrap().success(), "upgrade failed:\n{}", d.log());
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while d.pid() == old || d.pid() == 0 {
-        assert!(Instant::now() < deadline, "no new pid");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    assert!(new.wait().await.unwrap().success(), "upgrade failed");
+    let pid = d.next_pid(old).await;
+    assert_eq!(
+        d.conf.listening(pid).await,
+        listening,
+        "the new daemon does not listen on the old one's sockets"
+    );
     old
 }
 
@@ -168,32 +150,20 @@ async fn graceful_upgrade_under_load_loses_nothing() {
         (0..25).map(|i| format!("{{\"n\":{i}}}")).collect(),
         Duration::from_millis(100),
     ));
-    let dir = temp_dir();
-    let conf = dir.join("gateway.yaml");
-    let (port, metrics) = (free_port(), free_port());
-    write_config(&dir, port, metrics, &[a.addr, b.addr], s.addr);
     let mut d = Daemons {
-        dir: dir.clone(),
+        conf: Conf::new(3),
         pids: Vec::new(),
     };
-    assert!(start_daemon(conf.clone(), false).await.success());
-    let url = format!("http://127.0.0.1:{port}/v1/chat/completions");
+    d.conf.write(&models(&[a.addr, b.addr], s.addr));
+    assert!(d.start(false).wait().await.unwrap().success());
+    let listening = d.conf.listening(d.next_pid(0).await).await;
+    let url = format!("http://{}/v1/chat/completions", listening.0);
     let fresh = reqwest::Client::builder()
         .no_proxy()
         .pool_max_idle_per_host(0)
         .build()
         .unwrap();
     let reused = reqwest::Client::builder().no_proxy().build().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while fresh
-        .get(format!("http://127.0.0.1:{port}/health"))
-        .send()
-        .await
-        .is_err()
-    {
-        assert!(Instant::now() < deadline, "daemon not ready:\n{}", d.log());
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
     let keys: Vec<String> = (0..200).map(|i| format!("key-{i}")).collect();
     let load = Arc::new(Load::default());
     let before = mapping(&fresh, &url, &keys, &load).await;
@@ -249,6 +219,7 @@ async fn graceful_upgrade_under_load_loses_nothing() {
                         failed.fetch_add(1, Ordering::Relaxed)
                     }
                 };
+                // Pacing: a steady load, not as many requests as possible.
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
         }));
@@ -271,21 +242,13 @@ async fn graceful_upgrade_under_load_loses_nothing() {
             })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    eventually("the streams open", || async { s.count() == 3 }).await;
 
     // Upgrade 1: add backend c.
-    write_config(&dir, port, metrics, &[a.addr, b.addr, c.addr], s.addr);
-    let old = upgrade(&mut d, &conf).await;
+    d.conf.write(&models(&[a.addr, b.addr, c.addr], s.addr));
+    let old = upgrade(&mut d, listening).await;
     let quit_at = Instant::now();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while c.count() == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the new config never took effect"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    eventually("the new config in effect", || async { c.count() > 0 }).await;
     for st in streams {
         assert!(st.await.unwrap(), "a stream broke during the upgrade");
     }
@@ -315,8 +278,7 @@ async fn graceful_upgrade_under_load_loses_nothing() {
     );
 
     // Upgrade 2: the same config: every key maps as before.
-    upgrade(&mut d, &conf).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    upgrade(&mut d, listening).await;
     assert_eq!(mapping(&fresh, &url, &keys, &load).await, after);
 
     stop.store(true, Ordering::Relaxed);
@@ -348,15 +310,10 @@ async fn graceful_upgrade_under_load_loses_nothing() {
     assert!(rf <= 2, "{rf} keep-alive failures: {errors:?}");
 
     // An upgrade to an invalid config: refused, the old process keeps serving.
-    std::fs::write(&conf, "gateway:\n  models: []\n").unwrap();
-    let check = Command::new(BIN)
-        .args(["-t", "-c"])
-        .arg(&conf)
-        .output()
-        .unwrap();
-    assert!(!check.status.success());
+    std::fs::write(d.conf.path(), "gateway:\n  models: []\n").unwrap();
+    assert!(!d.conf.command(&["-t"]).status().unwrap().success());
     assert!(
-        !start_daemon(conf.clone(), true).await.success(),
+        !d.start(true).wait().await.unwrap().success(),
         "an invalid config was accepted"
     );
     let serving = d.pid();

@@ -1,14 +1,22 @@
 //! Starts the real `poimen-gateway` binary on loopback with a temporary
-//! config, waits until it answers, kills it on drop and prints its stderr when
-//! the test failed.
+//! config, waits until it listens, kills it on drop and prints its stderr
+//! when the test failed.
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::support::ports;
+
 pub const BIN: &str = env!("CARGO_BIN_EXE_poimen-gateway");
+
+/// The client listener's IP. Its port is 0: the gateway binds a free one.
+const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 1);
+/// The metrics listener's IP: the config requires it to differ from every
+/// client listener, and Linux serves all of 127.0.0.0/8 on loopback.
+const METRICS_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
 
 /// A fresh directory for one test's files.
 pub fn temp_dir() -> PathBuf {
@@ -20,16 +28,6 @@ pub fn temp_dir() -> PathBuf {
     ));
     std::fs::create_dir_all(&dir).unwrap();
     dir
-}
-
-/// A port that was free a moment ago. The gateway binds it itself, so there
-/// is a small race; `Gateway::start` retries on a bind failure.
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// `models:` YAML for one model over the given backends.
@@ -59,65 +57,134 @@ pub fn check_config_env(yaml: &str, env: &[(&str, &str)]) -> Output {
         .unwrap()
 }
 
+/// Whether process `pid` runs (exists and is not a zombie).
+pub fn alive(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z "))
+}
+
+/// A gateway's files in a fresh directory: `gateway.yaml`, the pid file, the
+/// upgrade socket and `stderr.log`. The config listens on port 0 and
+/// `listening` reads back the ports the process bound, so there is no port
+/// picked beforehand that someone else could take. A graceful upgrade (`-u`)
+/// still inherits the sockets: Pingora matches them by the address strings,
+/// which stay the same.
+pub struct Conf {
+    dir: PathBuf,
+    grace_period_seconds: u32,
+}
+
+impl Conf {
+    /// With `grace_period_seconds`, how long an old process drains after
+    /// handing its sockets over in a graceful upgrade.
+    pub fn new(grace_period_seconds: u32) -> Conf {
+        Conf {
+            dir: temp_dir(),
+            grace_period_seconds,
+        }
+    }
+
+    /// (Re)write `gateway.yaml` with `gateway_keys`: YAML lines indented
+    /// under `gateway:`, which must include `models:`.
+    pub fn write(&self, gateway_keys: &str) {
+        let yaml = format!(
+            "version: 1\nthreads: 2\nwork_stealing: false\npid_file: {pid}\nupgrade_sock: {sock}\n\
+             grace_period_seconds: {grace}\ngraceful_shutdown_timeout_seconds: 1\n\
+             gateway:\n  listen: \"{CLIENT_IP}:0\"\n  metrics_listen: \"{METRICS_IP}:0\"\n{gateway_keys}",
+            pid = self.pid_file().display(),
+            sock = self.upgrade_sock().display(),
+            grace = self.grace_period_seconds,
+        );
+        std::fs::write(self.path(), yaml).unwrap();
+    }
+
+    pub fn path(&self) -> PathBuf {
+        self.dir.join("gateway.yaml")
+    }
+
+    /// `poimen-gateway ARGS -c gateway.yaml`, logging at info level to
+    /// `stderr.log` (appended to: a daemon keeps the file as its stderr).
+    pub fn command(&self, args: &[&str]) -> Command {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("stderr.log"))
+            .unwrap();
+        let mut cmd = Command::new(BIN);
+        cmd.args(args)
+            .arg("-c")
+            .arg(self.path())
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log);
+        cmd
+    }
+
+    /// Where a new process (`-u`) waits for the listening sockets.
+    pub fn upgrade_sock(&self) -> PathBuf {
+        self.dir.join("upgrade.sock")
+    }
+
+    fn pid_file(&self) -> PathBuf {
+        self.dir.join("gw.pid")
+    }
+
+    /// The pid in the pid file, which a daemon (`-d`) writes.
+    pub fn pid(&self) -> Option<u32> {
+        read(&self.pid_file()).trim().parse().ok()
+    }
+
+    /// What every process started on this config logged.
+    pub fn log(&self) -> String {
+        read(&self.dir.join("stderr.log"))
+    }
+
+    /// The client and metrics addresses process `pid` listens on, once it
+    /// listens on both (Pingora binds them after the process started).
+    pub async fn listening(&self, pid: u32) -> (SocketAddr, SocketAddr) {
+        let ips = [IpAddr::V4(CLIENT_IP), IpAddr::V4(METRICS_IP)];
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            match ports::listening_on(pid, &ips) {
+                Ok(Some(addrs)) => return (addrs[0], addrs[1]),
+                _ if !alive(pid) => panic!("gateway {pid} exited before it listened"),
+                Ok(None) => {}
+                Err(e) => panic!("reading the listeners of {pid}: {e}"),
+            }
+            assert!(
+                Instant::now() < deadline,
+                "gateway {pid} not listening on {CLIENT_IP} and {METRICS_IP} after 20 s"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
 pub struct Gateway {
     pub addr: SocketAddr,
     pub metrics: SocketAddr,
-    pub dir: PathBuf,
+    conf: Conf,
     child: Child,
 }
 
 impl Gateway {
     /// Start with `gateway_keys` (YAML lines indented under `gateway:`, which
-    /// must include `models:`); listen and metrics ports are added here.
+    /// must include `models:`); the listeners are added here.
     pub async fn start(gateway_keys: &str) -> Gateway {
-        let mut last_err = String::new();
-        for _ in 0..3 {
-            match Self::try_start(gateway_keys).await {
-                Ok(gw) => return gw,
-                Err(e) => last_err = e,
-            }
-        }
-        panic!("gateway did not start:\n{last_err}");
-    }
-
-    async fn try_start(gateway_keys: &str) -> Result<Gateway, String> {
-        let dir = temp_dir();
-        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let yaml = format!(
-            "version: 1\nthreads: 2\nwork_stealing: false\npid_file: {dir}/gw.pid\nupgrade_sock: {dir}/upgrade.sock\ngrace_period_seconds: 1\ngraceful_shutdown_timeout_seconds: 1\ngateway:\n  listen: \"{addr}\"\n  metrics_listen: \"{metrics}\"\n{gateway_keys}",
-            dir = dir.display()
-        );
-        let conf = dir.join("gateway.yaml");
-        std::fs::write(&conf, yaml).unwrap();
-        let stderr = std::fs::File::create(dir.join("stderr.log")).unwrap();
-        let child = Command::new(BIN)
-            .arg("-c")
-            .arg(&conf)
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(stderr)
-            .spawn()
-            .unwrap();
+        let conf = Conf::new(1);
+        conf.write(gateway_keys);
+        let child = conf.command(&[]).spawn().unwrap();
+        // Held by a `Gateway` from here on, so that it is killed (and its
+        // log shown) also when it never listens.
+        let unknown = SocketAddr::from((CLIENT_IP, 0));
         let mut gw = Gateway {
-            addr,
-            metrics,
-            dir,
+            addr: unknown,
+            metrics: unknown,
+            conf,
             child,
         };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            if let Ok(Some(status)) = gw.child.try_wait() {
-                return Err(format!("exited with {status}:\n{}", gw.stderr()));
-            }
-            let health = reqwest::get(gw.url("/health")).await;
-            let metrics = reqwest::get(format!("http://{}/", gw.metrics)).await;
-            if health.is_ok() && metrics.is_ok() {
-                return Ok(gw);
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-        Err(format!("not ready in 20 s:\n{}", gw.stderr()))
+        (gw.addr, gw.metrics) = gw.conf.listening(gw.child.id()).await;
+        gw
     }
 
     /// The gateway process's resident memory, in KiB.
@@ -132,10 +199,6 @@ impl Gateway {
 
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{}", self.addr, path)
-    }
-
-    pub fn config_path(&self) -> PathBuf {
-        self.dir.join("gateway.yaml")
     }
 
     /// The Prometheus text from the metrics listener.
@@ -156,7 +219,7 @@ impl Gateway {
     }
 
     pub fn stderr(&self) -> String {
-        read(&self.dir.join("stderr.log"))
+        self.conf.log()
     }
 
     /// Every line logged so far, each parsed as one JSON object.
@@ -201,7 +264,7 @@ impl Drop for Gateway {
             eprintln!(
                 "--- gateway {} -c {} stderr ---\n{}",
                 BIN,
-                self.config_path().display(),
+                self.conf.path().display(),
                 self.stderr()
             );
         }

@@ -1,8 +1,10 @@
-//! Shared test support: fake backends, the gateway process, a client.
+//! Shared test support: fake backends, the gateway process, its listeners,
+//! a client.
 
 pub mod backend;
 pub mod gateway;
 pub mod metrics;
+pub mod ports;
 
 pub use backend::{FakeBackend, Reply};
 pub use gateway::Gateway;
