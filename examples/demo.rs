@@ -1,6 +1,8 @@
 //! The demo behind `./demo.sh`: three vllm-sim instances, the gateway with
-//! `conf/demo.yaml`, and an agent workload run twice, with and without
-//! `X-Poimen-Cache-Key`. Every process it starts is stopped when it ends.
+//! `conf/demo.yaml`, and an agent workload run four times: with
+//! `X-Poimen-Cache-Key` under pure rendezvous and under bounded load (the
+//! shipped setting), and without a key under keyless prefix affinity (shipped)
+//! and under round-robin. Every process it starts is stopped when it ends.
 //!
 //! Everything listens on a free port the process picks itself (port 0) and
 //! the demo reads back, so that two runs on one machine do not collide.
@@ -94,8 +96,9 @@ fn start_sim(bin: &Path) -> (Child, SocketAddr) {
 }
 
 /// conf/demo.yaml with this run's addresses: the listeners on port 0, the
-/// model on the simulators, the pid file and upgrade socket in `dir`.
-fn write_config(dir: &Path, sims: &[SocketAddr]) -> PathBuf {
+/// model on the simulators, the pid file and upgrade socket in `dir`; and
+/// `routing` set as `mode` says.
+fn write_config(dir: &Path, sims: &[SocketAddr], mode: &Mode) -> PathBuf {
     let demo = concat!(env!("CARGO_MANIFEST_DIR"), "/conf/demo.yaml");
     let text = std::fs::read_to_string(demo).expect("conf/demo.yaml");
     let mut conf: serde_yaml::Value = serde_yaml::from_str(&text).expect("conf/demo.yaml is YAML");
@@ -109,7 +112,16 @@ fn write_config(dir: &Path, sims: &[SocketAddr]) -> PathBuf {
         .and_then(|models| models.iter_mut().find(|m| m["name"] == MODEL))
         .expect("conf/demo.yaml serves the demo's model");
     model["addresses"] = sims.iter().map(|a| a.to_string()).collect();
-    let path = dir.join("demo.yaml");
+    let routing = gateway["routing"]
+        .as_mapping_mut()
+        .expect("conf/demo.yaml has a routing section");
+    for (key, value) in mode.routing {
+        match value {
+            Some(v) => routing.insert((*key).into(), serde_yaml::from_str(v).unwrap()),
+            None => routing.remove(*key),
+        };
+    }
+    let path = dir.join(format!("{}.yaml", mode.name));
     std::fs::write(&path, serde_yaml::to_string(&conf).unwrap()).unwrap();
     path
 }
@@ -132,12 +144,50 @@ async fn listening(gateway: &mut Child) -> (SocketAddr, SocketAddr) {
     }
 }
 
-/// One run of the workload: per session, the backends used and the usage.
+/// One run of the workload: per session, the backends used; requests per
+/// backend; the usage.
 struct Run {
     backends: BTreeMap<String, BTreeSet<String>>,
+    requests: BTreeMap<String, usize>,
     prompt: u64,
     cached: u64,
 }
+
+/// A run of the demo: the gateway's routing section as shipped, with these
+/// keys replaced (`None`: removed), and whether clients send a key.
+struct Mode {
+    name: &'static str,
+    title: &'static str,
+    keyed: bool,
+    routing: &'static [(&'static str, Option<&'static str>)],
+}
+
+const MODES: [Mode; 4] = [
+    Mode {
+        name: "keyed",
+        title: "with X-Poimen-Cache-Key, pure rendezvous (each session stays on one GPU)",
+        keyed: true,
+        routing: &[("balance_factor", None)],
+    },
+    Mode {
+        name: "bounded",
+        title: "with X-Poimen-Cache-Key, bounded load (shipped: a busy GPU's excess moves down its ranking)",
+        keyed: true,
+        routing: &[],
+    },
+    Mode {
+        name: "keyless",
+        title: "without a key, keyless prefix affinity (shipped: the conversation's head is the key)",
+        keyed: false,
+        routing: &[],
+    },
+    Mode {
+        name: "round-robin",
+        title: "without a key, round-robin (sessions wander)",
+        keyed: false,
+        routing: &[("keyless", Some("round_robin"))],
+    },
+];
 
 async fn chat(
     http: &reqwest::Client,
@@ -173,6 +223,7 @@ async fn workload(http: &reqwest::Client, url: &str, keyed: bool, seed: u64) -> 
     let system = text(1, 900);
     let mut run = Run {
         backends: BTreeMap::new(),
+        requests: BTreeMap::new(),
         prompt: 0,
         cached: 0,
     };
@@ -182,14 +233,16 @@ async fn workload(http: &reqwest::Client, url: &str, keyed: bool, seed: u64) -> 
             vec![json!({"role": "system", "content": format!("{system}\n{memory}")})]
         })
         .collect();
-    let name = |s: usize| format!("{}-session-{s}", if keyed { "keyed" } else { "plain" });
+    let name = |s: usize| format!("session-{s}");
     // A memory service pre-fills each session's cache with a warmup.
     let warmups = (0..SESSIONS).map(|s| {
         let key = keyed.then(|| name(s));
         let msgs = Value::Array(convs[s].clone());
         async move { chat(http, url, &msgs, key.as_deref(), true).await }
     });
-    futures::future::join_all(warmups).await;
+    for (backend, _, _) in futures::future::join_all(warmups).await {
+        *run.requests.entry(backend).or_default() += 1;
+    }
     for turn in 0..TURNS {
         for (s, conv) in convs.iter_mut().enumerate() {
             conv.push(json!({"role": "user", "content": text(seed * 100 + (s * TURNS + turn) as u64, 40)}));
@@ -200,6 +253,7 @@ async fn workload(http: &reqwest::Client, url: &str, keyed: bool, seed: u64) -> 
             async move { (s, chat(http, url, &msgs, key.as_deref(), false).await) }
         });
         for (s, (backend, prompt, cached)) in futures::future::join_all(turns).await {
+            *run.requests.entry(backend.clone()).or_default() += 1;
             run.backends.entry(name(s)).or_default().insert(backend);
             run.prompt += prompt;
             run.cached += cached;
@@ -222,6 +276,7 @@ fn report(title: &str, run: &Run) {
         }
     }
     println!("  sessions per backend: {per_backend:?}");
+    println!("  requests per backend: {:?}", run.requests);
     let rate = run.cached as f64 / run.prompt.max(1) as f64;
     println!(
         "  prompt tokens {}, cached {}: hit rate {:.1}%",
@@ -229,6 +284,28 @@ fn report(title: &str, run: &Run) {
         run.cached,
         rate * 100.0
     );
+}
+
+/// The lines of the gateway's /metrics a newcomer looks at first.
+async fn metrics_excerpt(http: &reqwest::Client, metrics: SocketAddr) -> String {
+    let text = http
+        .get(format!("http://{metrics}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter(|l| {
+            (l.starts_with("vllm_prefix_cache_hit_tokens_total")
+                || l.starts_with("poimen_gateway_prompt_tokens_total")
+                || l.starts_with("warmup_requests_delayed_total")
+                || l.starts_with("poimen_gateway_requests_total"))
+                && !l.ends_with(" 0")
+        })
+        .map(|l| format!("  {l}\n"))
+        .collect()
 }
 
 #[tokio::main]
@@ -245,55 +322,39 @@ async fn main() {
         procs.children.push(child);
         sims.push(addr);
     }
-    let conf = write_config(&procs.dir, &sims);
-    procs.children.push(
-        Command::new(bin.join("poimen-gateway"))
-            .arg("-c")
-            .arg(&conf)
-            .env("RUST_LOG", "warn")
-            .spawn()
-            .expect("gateway starts"),
-    );
-    let (gateway, metrics) = listening(procs.children.last_mut().unwrap()).await;
-    let url = format!("http://{gateway}/v1/chat/completions");
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
     let sim_list: Vec<String> = sims.iter().map(SocketAddr::to_string).collect();
     println!(
-        "3 simulated vLLM instances ({}) behind poimen-gateway on http://{gateway}",
+        "3 simulated vLLM instances ({}) behind poimen-gateway",
         sim_list.join(", ")
     );
     println!("workload: {SESSIONS} agent sessions x {TURNS} turns, a shared system prompt and a");
     println!("per-session memory context, and a warmup before each session's first turn");
-
-    let keyed = workload(&http, &url, true, 1000).await;
-    report(
-        "with X-Poimen-Cache-Key (rendezvous: each session stays on one GPU)",
-        &keyed,
-    );
-    println!(
-        "  (over many keys rendezvous spreads evenly; {SESSIONS} keys on 3 backends can bunch,"
-    );
-    println!("   and `overflow: spill` moves a full backend's excess to the runner-up)");
-    let unkeyed = workload(&http, &url, false, 2000).await;
-    report("without a key (round-robin: sessions wander)", &unkeyed);
-
-    let metrics = http
-        .get(format!("http://{metrics}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    println!("\n/metrics excerpt:");
-    for line in metrics.lines().filter(|l| {
-        (l.starts_with("vllm_prefix_cache_hit_tokens_total")
-            || l.starts_with("poimen_gateway_prompt_tokens_total")
-            || l.starts_with("warmup_requests_delayed_total")
-            || l.starts_with("poimen_gateway_requests_total"))
-            && !l.ends_with(" 0")
-    }) {
-        println!("  {line}");
+    let mut excerpt = String::new();
+    for (i, mode) in MODES.iter().enumerate() {
+        // A fresh gateway per mode; new memory contexts, so no run reuses
+        // another's cache beyond the shared system prompt.
+        let conf = write_config(&procs.dir, &sims, mode);
+        let gateway = Command::new(bin.join("poimen-gateway"))
+            .arg("-c")
+            .arg(&conf)
+            .env("RUST_LOG", "warn")
+            .spawn()
+            .expect("gateway starts");
+        procs.children.push(gateway);
+        let (addr, metrics) = listening(procs.children.last_mut().unwrap()).await;
+        let url = format!("http://{addr}/v1/chat/completions");
+        let run = workload(&http, &url, mode.keyed, 1000 * (i as u64 + 1)).await;
+        report(mode.title, &run);
+        if mode.routing.is_empty() && mode.keyed {
+            excerpt = metrics_excerpt(&http, metrics).await;
+        }
+        if let Some(mut g) = procs.children.pop() {
+            let _ = g.kill();
+            let _ = g.wait();
+        }
     }
+    println!("\n/metrics excerpt (bounded run):");
+    print!("{excerpt}");
     println!("\nstopping the gateway and the simulators");
 }

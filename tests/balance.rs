@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use poimen_gateway::routing::prefix;
+use poimen_gateway::routing::prefix::{self, Head};
 use poimen_gateway::routing::rendezvous::rank;
 use serde_json::json;
 
@@ -161,7 +161,13 @@ async fn keyless_turns_of_a_conversation_stay_on_one_backend() {
     let mut used = std::collections::BTreeSet::new();
     for c in 0..10 {
         let body = turn(c, 0).to_string();
-        let derived = prefix::derive("/v1/chat/completions", body.as_bytes(), 2048).unwrap();
+        let derived = prefix::derive(
+            "/v1/chat/completions",
+            body.as_bytes(),
+            Head::FirstUser,
+            2048,
+        )
+        .unwrap();
         let want = ranking(derived.as_str(), &bs)[0].clone();
         for n in 0..4 {
             let resp = client()
@@ -202,6 +208,7 @@ async fn keyless_turns_of_a_conversation_stay_on_one_backend() {
     let first = prefix::derive(
         "/v1/chat/completions",
         turn(0, 0).to_string().as_bytes(),
+        Head::FirstUser,
         2048,
     )
     .unwrap();
@@ -216,4 +223,59 @@ async fn keyless_turns_of_a_conversation_stay_on_one_backend() {
     let last = gw.cache_lines().pop().unwrap();
     assert!(last["derived_key"].is_null());
     assert_eq!(last["cache_key"], "session-1");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn keyless_system_keeps_a_sessions_warmup_and_sub_agents_together() {
+    let bs = backends(4, Duration::ZERO).await;
+    let gw = Gateway::start(&config("{keyless: system}", &bs)).await;
+    let post = |body: serde_json::Value, warmup: bool| {
+        let mut req = client().post(gw.url("/v1/chat/completions"));
+        if warmup {
+            req = req.header("X-Poimen-Warmup", "true");
+        }
+        req.body(body.to_string()).send()
+    };
+    let mut used = std::collections::BTreeSet::new();
+    for s in 0..12 {
+        let system = json!({"role": "system", "content": format!("agent memory of session {s}")});
+        let derived = prefix::derive(
+            "/v1/chat/completions",
+            json!({"messages": [system.clone()], "model": "m"})
+                .to_string()
+                .as_bytes(),
+            Head::System,
+            2048,
+        )
+        .unwrap();
+        let want = ranking(derived.as_str(), &bs)[0].clone();
+        let warmup = post(
+            json!({"messages": [system.clone()], "max_tokens": 1, "model": "m"}),
+            true,
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            header(&warmup, "x-poimen-backend"),
+            want,
+            "session {s} warmup"
+        );
+        for agent in 0..3 {
+            let user = json!({"role": "user", "content": format!("sub-agent {agent} task")});
+            let resp = post(
+                json!({"messages": [system.clone(), user], "model": "m"}),
+                false,
+            )
+            .await
+            .unwrap();
+            assert_eq!(header(&resp, "x-poimen-route"), "prefix");
+            assert_eq!(
+                header(&resp, "x-poimen-backend"),
+                want,
+                "session {s} agent {agent}"
+            );
+        }
+        used.insert(want);
+    }
+    assert!(used.len() >= 2, "12 sessions on one backend: {used:?}");
 }

@@ -116,8 +116,10 @@ pub struct RoutingFile {
     /// (in flight + queued here) is at `ceil(f * (L + 1) * w / W)`.
     /// 1 < f <= 10. Default: off (pure rendezvous).
     pub balance_factor: Option<f64>,
-    /// Requests without `X-Poimen-Cache-Key`: `round_robin` (CAG-3 AC3) or
-    /// `prefix` (a key derived from the body's head). Default round_robin.
+    /// Requests without `X-Poimen-Cache-Key`: `round_robin` (CAG-3 AC3),
+    /// `prefix` (a key derived from the messages through the first user
+    /// message) or `system` (from the messages before it). Default
+    /// round_robin.
     #[serde(default)]
     pub keyless: KeylessFile,
     /// Bytes of a completion's `prompt` a derived key covers. Default 2048.
@@ -141,6 +143,7 @@ pub enum KeylessFile {
     #[default]
     RoundRobin,
     Prefix,
+    System,
 }
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]

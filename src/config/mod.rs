@@ -17,6 +17,7 @@ use serde::Deserialize;
 
 use crate::admission::Limits;
 use crate::auth::ApiKeys;
+use crate::routing::prefix::Head;
 use crate::routing::{Keyless, Policy};
 pub use file::Overflow;
 use file::{
@@ -337,7 +338,8 @@ fn validate_routing(at: &str, r: &RoutingFile) -> Result<Policy, ConfigError> {
             .transpose()?,
         keyless: match r.keyless {
             KeylessFile::RoundRobin => Keyless::RoundRobin,
-            KeylessFile::Prefix => Keyless::Prefix,
+            KeylessFile::Prefix => Keyless::Derived(Head::FirstUser),
+            KeylessFile::System => Keyless::Derived(Head::System),
         },
         keyless_prefix_bytes: KEYLESS_PREFIX_BYTES.check(
             &format!("{at}.keyless_prefix_bytes"),

@@ -291,7 +291,8 @@ gateway:
     let (a, b) = (&c.models[0].policy, &c.models[1].policy);
     assert_eq!(a.balance_factor, Some(1.25));
     assert_eq!(b.balance_factor, Some(1.5));
-    assert_eq!((a.keyless, b.keyless), (Keyless::Prefix, Keyless::Prefix));
+    let prefix = Keyless::Derived(crate::routing::prefix::Head::FirstUser);
+    assert_eq!((a.keyless, b.keyless), (prefix, prefix));
     assert_eq!(a.keyless_prefix_bytes, 512);
     for (extra, want) in [
         (

@@ -167,9 +167,10 @@ impl Gateway {
             .get(facts.model.as_ref())
             .ok_or_else(|| ApiError::UnknownModel(facts.model.to_string()))?;
         ctx.pool = Some(pool.clone());
-        if ctx.cache_key.is_none() && pool.policy.keyless == Keyless::Prefix {
+        if let (None, Keyless::Derived(head)) = (&ctx.cache_key, pool.policy.keyless) {
             let path = session.req_header().uri.path();
-            ctx.derived_key = prefix::derive(path, &raw, pool.policy.keyless_prefix_bytes);
+            let bytes = pool.policy.keyless_prefix_bytes;
+            ctx.derived_key = prefix::derive(path, &raw, head, bytes);
         }
         let completion = headers::is_completion(session.req_header());
         // A stream whose client did not ask for usage: ask for it, and hide

@@ -11,8 +11,8 @@
 //!
 //! The policies are cases of [`Router::rank`]:
 //! - a key: rendezvous ranking (`rendezvous.rs`), route `hash`;
-//! - no key, `keyless: prefix`: a key derived from the body (`prefix.rs`),
-//!   ranked the same way, route `prefix`;
+//! - no key, `keyless: prefix | system`: a key derived from the body
+//!   (`prefix.rs`), ranked the same way, route `prefix`;
 //! - no key otherwise: weighted round-robin (`round_robin.rs`), route
 //!   `round_robin`;
 //! - `balance_factor` set: a keyed request passes over a backend whose load
@@ -113,8 +113,8 @@ pub struct Policy {
 pub enum Keyless {
     #[default]
     RoundRobin,
-    /// A key derived from the body's head (`prefix.rs`).
-    Prefix,
+    /// A key derived from a head of the body (`prefix.rs`).
+    Derived(prefix::Head),
 }
 
 /// One model's routing table, built once per backend set.

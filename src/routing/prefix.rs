@@ -1,11 +1,15 @@
-//! Keyless prefix affinity (`routing.keyless: prefix`): for a request without
-//! `X-Poimen-Cache-Key`, an affinity key derived from the body by a fixed
-//! function, so every replica derives the same key for the same body:
+//! Keyless prefix affinity (`routing.keyless: prefix | system`): for a
+//! request without `X-Poimen-Cache-Key`, an affinity key derived from the
+//! body by a fixed function, so every replica derives the same key for the
+//! same body:
 //!
 //! ```text
-//! chat (/v1/chat/completions): the messages up to and including the first
-//!   whose role is "user" (all of them if none is), in order:
-//!   h = xxh3_64( for each: role ‖ 0x1F ‖ content ‖ 0x1E )     seed 0
+//! chat (/v1/chat/completions), the head:
+//!   prefix: the messages up to and including the first whose role is
+//!           "user" (all of them if none is)
+//!   system: the messages before the first "user" one (system, developer,
+//!           ...); when the first message is a user's, as `prefix`
+//!   h = xxh3_64( for each head message, in order: role ‖ 0x1F ‖ content ‖ 0x1E )   seed 0
 //!   content: a string as is; any other value (a list of parts) as its JSON
 //!   text, keys sorted; absent or null: empty
 //! completions (/v1/completions): the first `keyless_prefix_bytes` bytes of a
@@ -13,12 +17,16 @@
 //! key = h as 16 lowercase hex digits, ranked exactly like a header key
 //! ```
 //!
-//! That head is what stays the same across a conversation's turns: a system
-//! prompt plus a memory context, or a first question. A request with no head
-//! (no messages, an empty or non-string prompt, another endpoint) has no key
-//! and is routed round-robin. A head that changes every turn gets no
-//! affinity; nor does a warmup that carries only the system messages get the
-//! same key as the turns that follow it (send the header for that).
+//! That head is what stays the same across a conversation's turns. `prefix`
+//! tells conversations apart by their first question, but a warmup that
+//! carries only the system messages, or a sub-agent with its own first
+//! question, gets another key than the turns of its session. `system` keys on
+//! the system messages alone: right when they carry the session (an agent's
+//! memory context: warmups and sub-agents then land with its turns), wrong
+//! when one fixed system prompt serves every conversation (they would all
+//! share one key; bounded load then spreads them, without per-conversation
+//! affinity). A request with no head (no messages, an empty or non-string
+//! prompt, another endpoint) has no key and is routed round-robin.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -55,10 +63,25 @@ impl fmt::Display for DerivedKey {
     }
 }
 
+/// Which messages of a chat form its head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Head {
+    /// Up to and including the first user message.
+    FirstUser,
+    /// Before the first user message, when there are any.
+    System,
+}
+
 /// The derived key of a request body sent to `path`, if it has a head.
-pub fn derive(path: &str, body: &[u8], prompt_bytes: usize) -> Option<DerivedKey> {
+pub fn derive(path: &str, body: &[u8], head: Head, prompt_bytes: usize) -> Option<DerivedKey> {
     let hash = match path {
-        "/v1/chat/completions" => serde_json::from_slice::<ChatBody>(body).ok()?.messages?.0?,
+        "/v1/chat/completions" => {
+            let chat = serde_json::from_slice::<ChatBody>(body).ok()?.messages?;
+            match head {
+                Head::System => chat.system.or(chat.first_user),
+                Head::FirstUser => chat.first_user,
+            }?
+        }
         "/v1/completions" => {
             let prompt = match serde_json::from_slice::<CompletionBody>(body)
                 .ok()?
@@ -105,9 +128,14 @@ struct Message<'a> {
     content: serde_json::Value,
 }
 
-/// The hash of the head messages (none for an empty list); the messages
-/// after the head are skipped, not built.
-struct ChatHead(Option<u64>);
+/// The hashes of both heads (none for an empty list); the messages after
+/// the first user message are skipped, not built.
+struct ChatHead {
+    /// The messages before the first user message, if there are any.
+    system: Option<u64>,
+    /// Up to and including the first user message.
+    first_user: Option<u64>,
+}
 
 impl<'de> Deserialize<'de> for ChatHead {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -126,9 +154,12 @@ impl<'de> Visitor<'de> for HeadVisitor {
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<ChatHead, A::Error> {
         let mut h = Xxh3Default::new();
-        let mut any = false;
+        let (mut count, mut system) = (0, None);
         while let Some(m) = seq.next_element::<Message>()? {
-            any = true;
+            if m.role == "user" && count > 0 {
+                system = Some(h.digest());
+            }
+            count += 1;
             h.update(m.role.as_bytes());
             h.update(&[0x1f]);
             match &m.content {
@@ -142,7 +173,12 @@ impl<'de> Visitor<'de> for HeadVisitor {
             }
         }
         while seq.next_element::<IgnoredAny>()?.is_some() {}
-        Ok(ChatHead(any.then(|| h.digest())))
+        let first_user = (count > 0).then(|| h.digest());
+        Ok(ChatHead {
+            // No user message at all: every message is the system part.
+            system: system.or(first_user),
+            first_user,
+        })
     }
 }
 
@@ -153,9 +189,13 @@ mod tests {
 
     const CHAT: &str = "/v1/chat/completions";
 
-    fn chat(messages: serde_json::Value) -> Option<String> {
+    fn chat_with(head: Head, messages: serde_json::Value) -> Option<String> {
         let body = json!({"messages": messages, "model": "m"}).to_string();
-        derive(CHAT, body.as_bytes(), 2048).map(|k| k.to_string())
+        derive(CHAT, body.as_bytes(), head, 2048).map(|k| k.to_string())
+    }
+
+    fn chat(messages: serde_json::Value) -> Option<String> {
+        chat_with(Head::FirstUser, messages)
     }
 
     fn turn(n: usize) -> serde_json::Value {
@@ -205,7 +245,9 @@ mod tests {
         );
         let body = br#"{"prompt":"Once upon a time","model":"m"}"#;
         assert_eq!(
-            derive("/v1/completions", body, 2048).unwrap().to_string(),
+            derive("/v1/completions", body, Head::FirstUser, 2048)
+                .unwrap()
+                .to_string(),
             format!("{:016x}", xxh3_64(b"Once upon a time"))
         );
     }
@@ -217,7 +259,7 @@ mod tests {
             r#"{"model":"m","messages":[{"content":[{"text":"hi","type":"text"}],"role":"user"}]}"#;
         assert_eq!(
             chat(parts.clone()),
-            derive(CHAT, reordered.as_bytes(), 2048).map(|k| k.to_string())
+            derive(CHAT, reordered.as_bytes(), Head::FirstUser, 2048).map(|k| k.to_string())
         );
         assert_ne!(
             chat(parts),
@@ -229,7 +271,7 @@ mod tests {
     fn a_completion_prompt_is_cut_at_the_configured_bytes() {
         let key = |p: &str, n| {
             let body = json!({"prompt": p, "model": "m"}).to_string();
-            derive("/v1/completions", body.as_bytes(), n)
+            derive("/v1/completions", body.as_bytes(), Head::FirstUser, n)
         };
         assert_eq!(key("abcdef-1", 6), key("abcdef-2", 6));
         assert_ne!(key("abcdef-1", 8), key("abcdef-2", 8));
@@ -239,11 +281,34 @@ mod tests {
     #[test]
     fn no_head_no_key() {
         assert_eq!(chat(json!([])), None);
-        assert_eq!(derive(CHAT, br#"{"model":"m"}"#, 2048), None);
-        assert_eq!(derive(CHAT, br#"{"messages":"x","model":"m"}"#, 2048), None);
-        assert_eq!(derive(CHAT, b"not json", 2048), None);
-        let tokens = br#"{"prompt":[1,2,3],"model":"m"}"#;
-        assert_eq!(derive("/v1/completions", tokens, 2048), None);
-        assert_eq!(derive("/v1/embeddings", br#"{"input":"x"}"#, 2048), None);
+        for head in [Head::FirstUser, Head::System] {
+            assert_eq!(chat_with(head, json!([])), None);
+            assert_eq!(derive(CHAT, br#"{"model":"m"}"#, head, 2048), None);
+            let not_a_list = br#"{"messages":"x","model":"m"}"#;
+            assert_eq!(derive(CHAT, not_a_list, head, 2048), None);
+            assert_eq!(derive(CHAT, b"not json", head, 2048), None);
+            let tokens = br#"{"prompt":[1,2,3],"model":"m"}"#;
+            assert_eq!(derive("/v1/completions", tokens, head, 2048), None);
+            let embeddings = br#"{"input":"x"}"#;
+            assert_eq!(derive("/v1/embeddings", embeddings, head, 2048), None);
+        }
+    }
+
+    #[test]
+    fn the_system_head_ties_warmups_and_sub_agents_to_their_session() {
+        let system = |m: serde_json::Value| chat_with(Head::System, m);
+        let session = system(turn(3)).unwrap();
+        // The warmup: the system message alone.
+        assert_eq!(system(json!([turn(1)[0]])).unwrap(), session);
+        // A sub-agent: the same system message, another first question.
+        let mut sub = turn(2);
+        sub[1]["content"] = json!("another first question");
+        assert_eq!(system(sub).unwrap(), session);
+        // Pinned: the documented function over the system message.
+        let documented = b"system\x1fYou are helpful. Memory: likes tea.\x1e";
+        assert_eq!(session, format!("{:016x}", xxh3_64(documented)));
+        // No system part: as `prefix`.
+        let bare = json!([{"role": "user", "content": "hi"}]);
+        assert_eq!(system(bare.clone()), chat(bare));
     }
 }
