@@ -1,8 +1,8 @@
 //! The demo behind `./demo.sh`: three vllm-sim instances, the gateway with
 //! `conf/demo.yaml`, and an agent workload run four times: with
 //! `X-Poimen-Cache-Key` under pure rendezvous and under bounded load (the
-//! shipped setting), and without a key under keyless prefix affinity (shipped)
-//! and under round-robin. Every process it starts is stopped when it ends.
+//! shipped setting), and without a key under keyless affinity (shipped) and
+//! under round-robin. Every process it starts is stopped when it ends.
 //!
 //! Everything listens on a free port the process picks itself (port 0) and
 //! the demo reads back, so that two runs on one machine do not collide.
@@ -177,7 +177,7 @@ const MODES: [Mode; 4] = [
     },
     Mode {
         name: "keyless",
-        title: "without a key, keyless prefix affinity (shipped: the conversation's head is the key)",
+        title: "without a key, keyless affinity (shipped: the system messages, the session's memory, are the key)",
         keyed: false,
         routing: &[],
     },

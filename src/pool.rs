@@ -17,7 +17,7 @@ use crate::config::{HealthCheckConfig, ModelConfig};
 use crate::exclusion::Exclusions;
 use crate::health::RestoreOnHealthy;
 use crate::metrics;
-use crate::routing::{Affinity, Candidate, Policy, Router, Status};
+use crate::routing::{Candidate, Policy, Request, Router, Status};
 
 pub struct ModelPool {
     pub name: String,
@@ -87,12 +87,7 @@ impl ModelPool {
     /// The candidates for a request, best first, leaving out the backends
     /// it already failed on. `Err` carries the time until the earliest
     /// excluded backend returns.
-    pub fn candidates(
-        &self,
-        affinity: Affinity,
-        tried: &[SocketAddr],
-        now: Instant,
-    ) -> Result<Vec<Candidate>, Duration> {
+    pub fn candidates(&self, req: Request, now: Instant) -> Result<Vec<Candidate>, Duration> {
         // The health check's verdict is not used to exclude: a slow /health
         // on a busy backend must not take it out. Only real failures do.
         let status = |addr: &SocketAddr| Status {
@@ -100,7 +95,7 @@ impl ModelPool {
             load: self.admissions.get(addr).map_or(0, |a| a.load()),
         };
         self.router
-            .rank(affinity, tried, status)
+            .rank(req, status)
             .ok_or_else(|| self.exclusions.retry_after(now))
     }
 
@@ -135,7 +130,7 @@ fn discover_now(backends: &Backends, built: impl FnOnce(Arc<std::collections::BT
 mod tests {
     use super::*;
     use crate::config::BackendConfig;
-    use crate::routing::Route;
+    use crate::routing::{Affinity, Route};
 
     fn pool(n: u16) -> ModelPool {
         let model = ModelConfig {
@@ -168,7 +163,10 @@ mod tests {
     fn an_excluded_backend_falls_back_then_returns_after_the_window() {
         let p = pool(4);
         let now = Instant::now();
-        let best = |t| p.candidates(Affinity::Key(b"k1"), &[], t).unwrap()[0];
+        let best = |t| {
+            p.candidates(Request::new(Affinity::Key(b"k1"), &[]), t)
+                .unwrap()[0]
+        };
         let first = best(now);
         assert_eq!(first.route, Route::Hash);
         assert!(p.exclusions().exclude(first.addr, now));
@@ -186,7 +184,10 @@ mod tests {
         p.exclusions()
             .exclude(p.addrs()[1], now + Duration::from_secs(10));
         let wait = p
-            .candidates(Affinity::None, &[], now + Duration::from_secs(10))
+            .candidates(
+                Request::new(Affinity::None, &[]),
+                now + Duration::from_secs(10),
+            )
             .unwrap_err();
         assert!(wait <= Duration::from_secs(20) && wait > Duration::from_secs(19));
     }

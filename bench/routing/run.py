@@ -38,11 +38,12 @@ session, as in `key` (another key, so another split over backends). In hot and
 zipf a session's branches (sub-agents) have different first user messages:
 one derived key per branch, so the prefix modes spread a session's branches
 over backends where `key` keeps them on one. A warmup has no user message at
-all: its derived key is whatever the gateway does with a body without one
-(the system message alone: one key per session, not the turns' key; or no
-key: round-robin), so it is generally not placed with the turns that follow
-it; the route counts and the "warmup -> turn 1 on the same backend" share in
-the report show which.
+all: its derived key covers the system message alone, not the turns' key,
+so it is generally not placed with the turns that follow it (the "warmup ->
+turn 1 on the same backend" share shows it).
+`routing.keyless: system` keys on the messages before the first user message
+(here the system message = shared prompt + session memory): one key per
+session, the same for its warmup, its turns and all its branches, as `key`.
 
 Modes (--modes; sims and gateway restarted before each: cold caches; gateway
 max_num_seqs 4 (= the sims' --max-num-seqs) in all; see MODES):
@@ -54,6 +55,9 @@ max_num_seqs 4 (= the sims' --max-num-seqs) in all; see MODES):
   bounded-1.5     the same keys, max_queue_depth 20, routing.balance_factor 1.5
   prefix          no header, routing.keyless: prefix; max_queue_depth 20
   prefix-bounded  no header, routing.keyless: prefix, balance_factor 1.25
+  system          no header, routing.keyless: system (the key covers the
+                  messages before the first user one: the system message)
+  system-bounded  no header, routing.keyless: system, balance_factor 1.5
 key-q2 and spill-q2 differ only in `overflow`: a hot backend's overflow gets
 503 in one and goes to the next backend in the key's ranking in the other.
 Before any run every mode's gateway config is checked (`poimen-gateway -t`);
@@ -336,6 +340,9 @@ MODES = {
     "prefix": {"key": False, "queue": "large", "overflow": "reject", "routing": {"keyless": "prefix"}},
     "prefix-bounded": {"key": False, "queue": "large", "overflow": "reject",
                        "routing": {"keyless": "prefix", "balance_factor": 1.25}},
+    "system": {"key": False, "queue": "large", "overflow": "reject", "routing": {"keyless": "system"}},
+    "system-bounded": {"key": False, "queue": "large", "overflow": "reject",
+                       "routing": {"keyless": "system", "balance_factor": 1.5}},
 }
 
 
@@ -696,8 +703,9 @@ def render(a, kv, base, workloads, heads, oracles, med, runs, modes, variants, r
     w("- keyless prefix affinity (`prefix*` modes): a turn's head (system message + the branch's first user "
       "message) is the same in all turns of a branch, so the derived key is per branch: per session in uniform "
       "and few, per sub-agent in hot and zipf (where `key` pins all of a session's branches to one backend). A "
-      "warmup has no user message: where it goes is the gateway's rule for such bodies (see the routes and the "
-      "warmup → turn 1 column).")
+      "warmup has no user message: its key covers the system message alone, so it lands elsewhere than its turns "
+      "(see the warmup → turn 1 column). `system*` modes key on the system message alone: one key per session, "
+      "shared by its warmup, turns and branches, like `key`.")
     w("- modes (the client sends `X-Poimen-Cache-Key: session-NNN` or nothing):")
     w("")
     w("| mode | X-Poimen-Cache-Key | max_queue_depth | overflow | gateway.routing |")

@@ -41,7 +41,7 @@ impl Gateway {
             return Err(ApiError::BadRequest("no model".into()).into());
         };
         let candidates = pool
-            .candidates(ctx.affinity(), &ctx.failed, Instant::now())
+            .candidates(ctx.routing_request(), Instant::now())
             .map_err(|retry_after| ApiError::NoBackend {
                 model: pool.name.clone(),
                 retry_after,

@@ -45,7 +45,7 @@ use crate::metrics;
 use crate::pool::ModelPool;
 use crate::retry::{self, Decision, Failure};
 use crate::routing::prefix::{self, DerivedKey};
-use crate::routing::{Affinity, Candidate, Keyless};
+use crate::routing::{Affinity, Candidate, Keyless, Request};
 use endpoints::Endpoint;
 use respond::{respond, respond_json, Stop};
 
@@ -103,11 +103,16 @@ enum AttemptState {
 }
 
 impl RequestCtx {
-    fn affinity(&self) -> Affinity<'_> {
-        match (&self.cache_key, &self.derived_key) {
+    fn routing_request(&self) -> Request<'_> {
+        let affinity = match (&self.cache_key, &self.derived_key) {
             (Some(k), _) => Affinity::Key(k.as_bytes()),
             (None, Some(d)) => Affinity::Derived(d.as_bytes()),
             (None, None) => Affinity::None,
+        };
+        Request {
+            affinity,
+            warmup: self.warmup,
+            tried: &self.failed,
         }
     }
 

@@ -2,10 +2,10 @@
 //! admission tries them, each with the [`Route`] it would be served under.
 //! Plain code: the proxy glue and admission never decide a route.
 //!
-//! The input is the request's [`Affinity`] (a cache key or none), the
-//! model's members (address, weight), each member's [`Status`] now
-//! (excluded after a failure, requests in flight or queued here) and the
-//! backends this request already failed on. The output's first candidate is
+//! The input is the [`Request`] (its affinity: a cache key, a derived key or
+//! none; whether it is a warmup; the backends it already failed on), the
+//! model's members (address, weight) and each member's [`Status`] now
+//! (excluded after a failure, requests in flight or queued here). The output's first candidate is
 //! the choice; the others are where `overflow: spill` goes when the choice
 //! has neither a slot nor a queue place.
 //!
@@ -15,8 +15,8 @@
 //!   (`prefix.rs`), ranked the same way, route `prefix`;
 //! - no key otherwise: weighted round-robin (`round_robin.rs`), route
 //!   `round_robin`;
-//! - `balance_factor` set: a keyed request passes over a backend whose load
-//!   is at its cap (`bounded.rs`), route `balance`;
+//! - `balance_factor` set: a keyed request (not a warmup) passes over a
+//!   backend whose load is at its cap (`bounded.rs`), route `balance`;
 //! - the preferred backend excluded or already tried: the next usable one in
 //!   the same order, route `fallback`;
 //! - the later candidates: route `spill`.
@@ -80,6 +80,27 @@ pub enum Affinity<'a> {
     Key(&'a [u8]),
     /// No header; a key derived from the body (`keyless: prefix`).
     Derived(&'a [u8]),
+}
+
+/// What a request brings to routing.
+#[derive(Debug, Clone, Copy)]
+pub struct Request<'a> {
+    pub affinity: Affinity<'a>,
+    /// A warmup exists to fill its key's first choice's cache: it is never
+    /// diverted for balance (it already yields to agent requests).
+    pub warmup: bool,
+    /// Backends this request already failed on.
+    pub tried: &'a [SocketAddr],
+}
+
+impl<'a> Request<'a> {
+    pub fn new(affinity: Affinity<'a>, tried: &'a [SocketAddr]) -> Self {
+        Request {
+            affinity,
+            warmup: false,
+            tried,
+        }
+    }
 }
 
 /// A member's state when a request is routed.
@@ -149,10 +170,14 @@ impl Router {
     /// usable (all excluded or tried).
     pub fn rank(
         &self,
-        affinity: Affinity,
-        tried: &[SocketAddr],
+        req: Request,
         status: impl Fn(&SocketAddr) -> Status,
     ) -> Option<Vec<Candidate>> {
+        let Request {
+            affinity,
+            warmup,
+            tried,
+        } = req;
         let (order, preferred): (Vec<usize>, Route) = match affinity {
             Affinity::Key(key) => (rendezvous::rank(key, &self.keyed), Route::Hash),
             Affinity::Derived(key) => (rendezvous::rank(key, &self.keyed), Route::Prefix),
@@ -166,6 +191,7 @@ impl Router {
         let first_usable = (0..order.len()).find(|p| usable(*p))?;
         let bounded = match (affinity, self.balance_factor) {
             (Affinity::None, _) | (_, None) => None,
+            _ if warmup => None,
             (_, Some(factor)) => self.first_under_cap(factor, &order, &states, usable),
         };
         let (chosen, route) = match bounded {

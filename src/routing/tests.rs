@@ -18,13 +18,19 @@ fn routes(c: &[Candidate]) -> Vec<Route> {
 #[test]
 fn a_key_is_stable_and_hash_routed_with_the_rest_as_spill() {
     let r = router(4);
-    let first = r.rank(Affinity::Key(b"k1"), &[], idle).unwrap();
+    let first = r
+        .rank(Request::new(Affinity::Key(b"k1"), &[]), idle)
+        .unwrap();
     assert_eq!(
         routes(&first),
         [Route::Hash, Route::Spill, Route::Spill, Route::Spill]
     );
     for _ in 0..10 {
-        assert_eq!(r.rank(Affinity::Key(b"k1"), &[], idle).unwrap(), first);
+        assert_eq!(
+            r.rank(Request::new(Affinity::Key(b"k1"), &[]), idle)
+                .unwrap(),
+            first
+        );
     }
     // The order is the documented rendezvous ranking.
     let expect: Vec<SocketAddr> = rendezvous::rank(b"k1", &r.keyed)
@@ -43,8 +49,8 @@ fn the_member_order_does_not_matter() {
     for k in 0..100 {
         let key = format!("key-{k}");
         assert_eq!(
-            a.rank(Affinity::Key(key.as_bytes()), &[], idle),
-            b.rank(Affinity::Key(key.as_bytes()), &[], idle)
+            a.rank(Request::new(Affinity::Key(key.as_bytes()), &[]), idle),
+            b.rank(Request::new(Affinity::Key(key.as_bytes()), &[]), idle)
         );
     }
 }
@@ -52,13 +58,17 @@ fn the_member_order_does_not_matter() {
 #[test]
 fn an_excluded_or_tried_backend_is_passed_over_as_fallback() {
     let r = router(3);
-    let order = r.rank(Affinity::Key(b"k"), &[], idle).unwrap();
+    let order = r
+        .rank(Request::new(Affinity::Key(b"k"), &[]), idle)
+        .unwrap();
     let (first, second, third) = (order[0].addr, order[1].addr, order[2].addr);
     let excluded = |a: &SocketAddr| Status {
         excluded: *a == first,
         load: 0,
     };
-    let fb = r.rank(Affinity::Key(b"k"), &[], excluded).unwrap();
+    let fb = r
+        .rank(Request::new(Affinity::Key(b"k"), &[]), excluded)
+        .unwrap();
     assert_eq!(
         fb,
         [
@@ -73,8 +83,14 @@ fn an_excluded_or_tried_backend_is_passed_over_as_fallback() {
         ]
     );
     // A retry after a failure on the first: the same, without exclusion.
-    assert_eq!(r.rank(Affinity::Key(b"k"), &[first], idle).unwrap(), fb);
-    let last = r.rank(Affinity::Key(b"k"), &[first, second], idle).unwrap();
+    assert_eq!(
+        r.rank(Request::new(Affinity::Key(b"k"), &[first]), idle)
+            .unwrap(),
+        fb
+    );
+    let last = r
+        .rank(Request::new(Affinity::Key(b"k"), &[first, second]), idle)
+        .unwrap();
     assert_eq!(
         last,
         [Candidate {
@@ -83,11 +99,14 @@ fn an_excluded_or_tried_backend_is_passed_over_as_fallback() {
         }]
     );
     assert_eq!(
-        r.rank(Affinity::Key(b"k"), &[first, second, third], idle),
+        r.rank(
+            Request::new(Affinity::Key(b"k"), &[first, second, third]),
+            idle
+        ),
         None
     );
     assert_eq!(
-        r.rank(Affinity::Key(b"k"), &[], |_| Status {
+        r.rank(Request::new(Affinity::Key(b"k"), &[]), |_| Status {
             excluded: true,
             load: 0
         }),
@@ -100,7 +119,7 @@ fn round_robin_spreads_evenly_and_falls_back_in_turn() {
     let r = router(3);
     let mut counts: HashMap<SocketAddr, usize> = HashMap::new();
     for _ in 0..300 {
-        let c = r.rank(Affinity::None, &[], idle).unwrap();
+        let c = r.rank(Request::new(Affinity::None, &[]), idle).unwrap();
         assert_eq!(routes(&c), [Route::RoundRobin, Route::Spill, Route::Spill]);
         *counts.entry(c[0].addr).or_default() += 1;
     }
@@ -108,7 +127,7 @@ fn round_robin_spreads_evenly_and_falls_back_in_turn() {
     // Its turn's backend excluded: the next one, as a fallback.
     let turn = r.addrs()[0];
     let c = r
-        .rank(Affinity::None, &[], |a| Status {
+        .rank(Request::new(Affinity::None, &[]), |a| Status {
             excluded: *a == turn,
             load: 0,
         })
@@ -125,7 +144,9 @@ fn weights_shift_the_round_robin_share() {
     ];
     let r = Router::new(&Policy::default(), members);
     let heavy = (0..400)
-        .filter(|_| r.rank(Affinity::None, &[], idle).unwrap()[0].addr == members[1].0)
+        .filter(|_| {
+            r.rank(Request::new(Affinity::None, &[]), idle).unwrap()[0].addr == members[1].0
+        })
         .count();
     assert_eq!(heavy, 300);
 }
@@ -144,7 +165,7 @@ fn bounded(n: u16, factor: f64) -> Router {
 /// route) per request.
 fn pile(r: &Router, key: &[u8], n: usize) -> Vec<(usize, Route)> {
     let ranking: Vec<SocketAddr> = r
-        .rank(Affinity::Key(key), &[], idle)
+        .rank(Request::new(Affinity::Key(key), &[]), idle)
         .unwrap()
         .iter()
         .map(|c| c.addr)
@@ -153,7 +174,7 @@ fn pile(r: &Router, key: &[u8], n: usize) -> Vec<(usize, Route)> {
     (0..n)
         .map(|_| {
             let c = r
-                .rank(Affinity::Key(key), &[], |a| Status {
+                .rank(Request::new(Affinity::Key(key), &[]), |a| Status {
                     excluded: false,
                     load: load.get(a).copied().unwrap_or(0),
                 })
@@ -190,8 +211,8 @@ fn without_load_bounded_is_pure_rendezvous() {
     for k in 0..500 {
         let key = format!("key-{k}");
         assert_eq!(
-            plain.rank(Affinity::Key(key.as_bytes()), &[], idle),
-            b.rank(Affinity::Key(key.as_bytes()), &[], idle)
+            plain.rank(Request::new(Affinity::Key(key.as_bytes()), &[]), idle),
+            b.rank(Request::new(Affinity::Key(key.as_bytes()), &[]), idle)
         );
     }
 }
@@ -199,17 +220,26 @@ fn without_load_bounded_is_pure_rendezvous() {
 #[test]
 fn other_keys_stay_put_while_a_hot_key_spreads() {
     let r = bounded(3, 1.25);
-    let first = |k: &str| r.rank(Affinity::Key(k.as_bytes()), &[], idle).unwrap()[0].addr;
+    let first = |k: &str| {
+        r.rank(Request::new(Affinity::Key(k.as_bytes()), &[]), idle)
+            .unwrap()[0]
+            .addr
+    };
     let hot = first("hot");
     // Two on the hot key's owner and two on its runner-up: L = 4, cap 3.
-    let runner_up = r.rank(Affinity::Key(b"hot"), &[], idle).unwrap()[1].addr;
+    let runner_up = r
+        .rank(Request::new(Affinity::Key(b"hot"), &[]), idle)
+        .unwrap()[1]
+        .addr;
     let loaded = |a: &SocketAddr| Status {
         excluded: false,
         load: if *a == hot || *a == runner_up { 2 } else { 0 },
     };
     for k in 0..200 {
         let key = format!("cold-{k}");
-        let c = r.rank(Affinity::Key(key.as_bytes()), &[], loaded).unwrap()[0];
+        let c = r
+            .rank(Request::new(Affinity::Key(key.as_bytes()), &[]), loaded)
+            .unwrap()[0];
         assert_eq!((c.addr, c.route), (first(&key), Route::Hash), "{key}");
     }
 }
@@ -218,7 +248,7 @@ fn other_keys_stay_put_while_a_hot_key_spreads() {
 fn an_excluded_backend_leaves_the_weight_sum_and_counts_as_fallback() {
     let r = bounded(3, 1.25);
     let order: Vec<SocketAddr> = r
-        .rank(Affinity::Key(b"k"), &[], idle)
+        .rank(Request::new(Affinity::Key(b"k"), &[]), idle)
         .unwrap()
         .iter()
         .map(|c| c.addr)
@@ -229,14 +259,18 @@ fn an_excluded_backend_leaves_the_weight_sum_and_counts_as_fallback() {
         excluded: *a == order[0],
         load: if *a == order[1] { 2 } else { 0 },
     };
-    let c = r.rank(Affinity::Key(b"k"), &[], status).unwrap();
+    let c = r
+        .rank(Request::new(Affinity::Key(b"k"), &[]), status)
+        .unwrap();
     assert_eq!((c[0].addr, c[0].route), (order[2], Route::Balance));
     // One request there: under its cap of 2, a plain fallback.
     let status = |a: &SocketAddr| Status {
         excluded: *a == order[0],
         load: usize::from(*a == order[1]),
     };
-    let c = r.rank(Affinity::Key(b"k"), &[], status).unwrap();
+    let c = r
+        .rank(Request::new(Affinity::Key(b"k"), &[]), status)
+        .unwrap();
     assert_eq!((c[0].addr, c[0].route), (order[1], Route::Fallback));
 }
 
@@ -248,15 +282,41 @@ fn keyless_requests_are_not_bounded_and_derived_keys_route_as_prefix() {
         load: 100,
     };
     assert_eq!(
-        r.rank(Affinity::None, &[], busy).unwrap()[0].route,
+        r.rank(Request::new(Affinity::None, &[]), busy).unwrap()[0].route,
         Route::RoundRobin
     );
     let derived = r
-        .rank(Affinity::Derived(b"0123456789abcdef"), &[], idle)
+        .rank(
+            Request::new(Affinity::Derived(b"0123456789abcdef"), &[]),
+            idle,
+        )
         .unwrap();
     let keyed = r
-        .rank(Affinity::Key(b"0123456789abcdef"), &[], idle)
+        .rank(Request::new(Affinity::Key(b"0123456789abcdef"), &[]), idle)
         .unwrap();
     assert_eq!(derived[0].route, Route::Prefix);
     assert_eq!(derived[0].addr, keyed[0].addr);
+}
+
+#[test]
+fn a_warmup_is_never_diverted_for_balance() {
+    let r = bounded(3, 1.25);
+    let owner = r
+        .rank(Request::new(Affinity::Key(b"k"), &[]), idle)
+        .unwrap()[0]
+        .addr;
+    let busy = |a: &SocketAddr| Status {
+        excluded: false,
+        load: if *a == owner { 5 } else { 0 },
+    };
+    let agent = r
+        .rank(Request::new(Affinity::Key(b"k"), &[]), busy)
+        .unwrap();
+    assert_eq!(agent[0].route, Route::Balance);
+    let warmup = Request {
+        warmup: true,
+        ..Request::new(Affinity::Key(b"k"), &[])
+    };
+    let c = r.rank(warmup, busy).unwrap();
+    assert_eq!((c[0].addr, c[0].route), (owner, Route::Hash));
 }
