@@ -30,10 +30,22 @@ pub enum AdmitError {
     QueueTimeout,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     pub max_num_seqs: usize,
     pub max_queue_depth: usize,
+}
+
+impl Limits {
+    /// One replica's share when `replicas` gateways admit to the same
+    /// backend: each limit divided, rounded up so that no replica is left
+    /// without a slot (together they may exceed it by `replicas - 1`).
+    pub fn shared_by(self, replicas: usize) -> Limits {
+        Limits {
+            max_num_seqs: self.max_num_seqs.div_ceil(replicas),
+            max_queue_depth: self.max_queue_depth.div_ceil(replicas),
+        }
+    }
 }
 
 /// Live counts, mirrored into the gauges on every change.

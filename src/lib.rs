@@ -10,6 +10,7 @@ pub mod body;
 pub mod config;
 pub mod errors;
 pub mod exclusion;
+pub mod explain;
 pub mod health;
 pub mod logging;
 pub mod metrics;

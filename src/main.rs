@@ -1,6 +1,6 @@
 //! The daemon: Pingora's command line (`-c FILE`, `-t`, `-d`, `-u`), the
 //! gateway section checked before anything starts, then the proxy and the
-//! Prometheus services.
+//! Prometheus services; or `route` (see `explain.rs`), which starts nothing.
 #![forbid(unsafe_code)]
 
 use std::process::ExitCode;
@@ -12,6 +12,11 @@ use poimen_gateway::config::GatewayConfig;
 use poimen_gateway::proxy::Gateway;
 
 fn main() -> ExitCode {
+    // `route` is ours; any other command line is Pingora's, which would
+    // refuse the word.
+    if std::env::args_os().nth(1).is_some_and(|a| a == "route") {
+        return poimen_gateway::explain::run(std::env::args_os().skip(2));
+    }
     poimen_gateway::logging::init();
     let opt = Opt::parse_args();
     let Some(path) = opt.conf.clone() else {

@@ -95,6 +95,11 @@ pub struct SchedulerFile {
     /// next backend in the key's ranking). Default reject.
     #[serde(default)]
     pub overflow: Overflow,
+    /// Gateway replicas sharing the same backends: each admits
+    /// `ceil(max_num_seqs / replicas)` and queues
+    /// `ceil(max_queue_depth / replicas)` per backend. Default 1.
+    #[serde(default = "default_replicas")]
+    pub replicas: u64,
 }
 
 impl Default for SchedulerFile {
@@ -104,6 +109,7 @@ impl Default for SchedulerFile {
             max_queue_depth: default_max_queue_depth(),
             queue_timeout_ms: default_queue_timeout_ms(),
             overflow: Overflow::default(),
+            replicas: default_replicas(),
         }
     }
 }
@@ -240,6 +246,9 @@ fn default_max_queue_depth() -> u64 {
 }
 fn default_queue_timeout_ms() -> u64 {
     60_000
+}
+fn default_replicas() -> u64 {
+    1
 }
 fn default_warmup_delay_ms() -> u64 {
     500

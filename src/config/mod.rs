@@ -127,6 +127,7 @@ const WEIGHT: Bound = Bound::new(1, 1000);
 const MAX_BACKENDS_PER_MODEL: usize = 256;
 const NUM_SEQS: Bound = Bound::new(1, 4096);
 const QUEUE_DEPTH: Bound = Bound::new(0, 100_000);
+const REPLICAS: Bound = Bound::new(1, 64);
 const QUEUE_TIMEOUT_MS: Bound = Bound::new(1, 3_600_000);
 const WARMUP_DELAY_MS: Bound = Bound::new(0, 60_000);
 const HEALTH_INTERVAL_MS: Bound = Bound::new(100, 600_000);
@@ -233,6 +234,7 @@ fn validate(file: GatewayFile) -> Result<GatewayConfig, ConfigError> {
             .check("gateway.scheduler.max_queue_depth", sched.max_queue_depth)?
             as usize,
     };
+    let replicas = REPLICAS.check("gateway.scheduler.replicas", sched.replicas)? as usize;
     let routing = validate_routing("gateway.routing", &file.routing)?;
     Ok(GatewayConfig {
         listen,
@@ -261,7 +263,7 @@ fn validate(file: GatewayFile) -> Result<GatewayConfig, ConfigError> {
             delay: ms(WARMUP_DELAY_MS.check("gateway.warmup.delay_ms", file.warmup.delay_ms)?),
             vllm_priority: file.warmup.vllm_priority,
         },
-        models: validate_models(file.models, default_limits, &routing)?,
+        models: validate_models(file.models, default_limits, replicas, &routing)?,
     })
 }
 
@@ -364,6 +366,7 @@ fn balance_factor(path: &str, f: f64) -> Result<f64, ConfigError> {
 fn validate_models(
     models: Vec<ModelFile>,
     limits: Limits,
+    replicas: usize,
     routing: &Policy,
 ) -> Result<Vec<ModelConfig>, ConfigError> {
     if models.is_empty() {
@@ -373,7 +376,7 @@ fn validate_models(
     let mut out = Vec::new();
     for (i, m) in models.into_iter().enumerate() {
         let path = format!("gateway.models[{i}]");
-        let model = validate_model(&path, m, limits, routing)?;
+        let model = validate_model(&path, m, limits, replicas, routing)?;
         if !names.insert(model.name.clone()) {
             return Err(invalid(
                 format!("{path}.name"),
@@ -409,6 +412,7 @@ fn validate_model(
     path: &str,
     m: ModelFile,
     defaults: Limits,
+    replicas: usize,
     routing: &Policy,
 ) -> Result<ModelConfig, ConfigError> {
     if m.name.trim().is_empty() || m.name.chars().any(char::is_control) {
@@ -457,7 +461,7 @@ fn validate_model(
         let weight = WEIGHT.check(&format!("{at}.weight"), *weight)? as u32;
         backends.push(BackendConfig { addr, weight });
     }
-    let limits = Limits {
+    let configured = Limits {
         max_num_seqs: match m.max_num_seqs {
             Some(n) => NUM_SEQS.check(&format!("{path}.max_num_seqs"), n)? as usize,
             None => defaults.max_num_seqs,
@@ -467,6 +471,9 @@ fn validate_model(
             None => defaults.max_queue_depth,
         },
     };
+    // Divided here, once, after a model's own limits replaced the defaults,
+    // so both are shared alike.
+    let limits = configured.shared_by(replicas);
     let mut policy = routing.clone();
     if let Some(f) = m.balance_factor {
         policy.balance_factor = Some(balance_factor(&format!("{path}.balance_factor"), f)?);

@@ -206,6 +206,44 @@ fn bad_scheduler_fields_are_named() {
 }
 
 #[test]
+fn replicas_share_each_backends_limits_rounding_up() {
+    let limits = |seqs, depth| Limits {
+        max_num_seqs: seqs,
+        max_queue_depth: depth,
+    };
+    // MINIMAL: model m takes the defaults (4, 20), model n its own (8, 0).
+    let c = GatewayConfig::from_yaml(MINIMAL).unwrap();
+    assert_eq!(c.models[0].limits, limits(4, 20));
+    let c = GatewayConfig::from_yaml(&format!("{MINIMAL}  scheduler: {{replicas: 1}}\n")).unwrap();
+    assert_eq!(c.models[0].limits, limits(4, 20));
+    assert_eq!(c.models[1].limits, limits(8, 0));
+    let c = GatewayConfig::from_yaml(&format!("{MINIMAL}  scheduler: {{replicas: 3}}\n")).unwrap();
+    assert_eq!(c.models[0].limits, limits(2, 7));
+    assert_eq!(c.models[1].limits, limits(3, 0));
+    // More replicas than slots: each still admits one.
+    let c = GatewayConfig::from_yaml(&format!("{MINIMAL}  scheduler: {{replicas: 64}}\n")).unwrap();
+    assert_eq!(c.models[0].limits, limits(1, 1));
+    // An environment override is the configured value, divided alike.
+    let env = |var: &str| (var == "VLLM_MAX_NUM_SEQS").then(|| "10".to_string());
+    let yaml = format!("{MINIMAL}  scheduler: {{replicas: 4}}\n");
+    let c = GatewayConfig::from_yaml_with_env(&yaml, env).unwrap();
+    assert_eq!(c.models[0].limits, limits(3, 5));
+    for (replicas, want) in [
+        (
+            0,
+            "gateway.scheduler.replicas = 0: must be between 1 and 64",
+        ),
+        (
+            65,
+            "gateway.scheduler.replicas = 65: must be between 1 and 64",
+        ),
+    ] {
+        let got = err(&format!("{MINIMAL}  scheduler: {{replicas: {replicas}}}\n"));
+        assert!(got.contains(want), "got {got}, want {want}");
+    }
+}
+
+#[test]
 fn health_check_auth_and_read_timeout() {
     let c = GatewayConfig::from_yaml(MINIMAL).unwrap();
     assert!(c.health_check.is_none() && c.api_keys.is_none() && c.upstream_api_key.is_none());
