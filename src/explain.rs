@@ -15,7 +15,7 @@ use std::process::ExitCode;
 use pingora::server::configuration::ServerConf;
 
 use crate::config::{GatewayConfig, ModelConfig};
-use crate::routing::{prefix, rendezvous, Affinity, Keyless, Router, Status};
+use crate::routing::{rendezvous, Affinity, Keyless, Request, Router, Status};
 
 const USAGE: &str =
     "usage: poimen-gateway route -c FILE --model M (--key K | --body FILE) [--path PATH]";
@@ -37,11 +37,10 @@ pub enum Query<'a> {
 pub fn explain(model: &ModelConfig, query: Query) -> Vec<String> {
     let policy = &model.policy;
     let derived = match query {
-        Query::Body { path, body } if policy.keyless == Keyless::Prefix => {
-            prefix::derive(path, body, policy.keyless_prefix_bytes)
-        }
-        _ => None,
+        Query::Body { path, body } => policy.derived_key(path, body),
+        Query::Key(_) => None,
     };
+    let keyless = policy.keyless.as_str();
     let (affinity, why) = match (query, &derived) {
         (Query::Key(k), _) => (
             Affinity::Key(k.as_bytes()),
@@ -49,9 +48,9 @@ pub fn explain(model: &ModelConfig, query: Query) -> Vec<String> {
         ),
         (Query::Body { .. }, Some(d)) => (
             Affinity::Derived(d.as_bytes()),
-            format!("no key; derived from the body's head (routing.keyless: prefix): {d}"),
+            format!("no key; derived from the body's head (routing.keyless: {keyless}): {d}"),
         ),
-        (Query::Body { .. }, None) if policy.keyless == Keyless::Prefix => (
+        (Query::Body { .. }, None) if policy.keyless != Keyless::RoundRobin => (
             Affinity::None,
             "no key, and the body has no head to derive one from".to_string(),
         ),
@@ -77,7 +76,7 @@ fn ranked(model: &ModelConfig, router: &Router, affinity: Affinity, key: &[u8]) 
         "backend", "score"
     )];
     let order = router
-        .rank(affinity, &[], |_| Status::default())
+        .rank(Request::new(affinity, &[]), |_| Status::default())
         .unwrap_or_default();
     for (i, c) in order.iter().enumerate() {
         let w = weight(model, &c.addr);
@@ -346,7 +345,7 @@ mod tests {
     fn a_chat_body_is_ranked_by_its_derived_key() {
         let m = model("  routing: {keyless: prefix}\n");
         let body = br#"{"messages":[{"role":"system","content":"Be terse."},{"role":"user","content":"hi"},{"role":"assistant","content":"hello"},{"role":"user","content":"again"}],"model":"m"}"#;
-        let key = prefix::derive(CHAT, body, m.policy.keyless_prefix_bytes).unwrap();
+        let key = m.policy.derived_key(CHAT, body).unwrap();
         let lines = explain(&m, Query::Body { path: CHAT, body });
         assert!(lines[0].ends_with(key.as_str()), "{lines:?}");
         assert_eq!(pairs(&rows(&lines)), documented(&m, key.as_bytes()));

@@ -5,7 +5,8 @@
 use std::net::SocketAddr;
 use std::process::{Command, Output};
 
-use poimen_gateway::routing::{prefix, rendezvous::rank};
+use poimen_gateway::routing::prefix::{self, Head};
+use poimen_gateway::routing::rendezvous::rank;
 
 use crate::support::gateway::{temp_dir, BIN};
 
@@ -113,13 +114,25 @@ fn a_key_lists_the_backends_in_the_documented_order() {
 fn a_body_is_ranked_by_its_derived_key() {
     let prefix_routing = yaml("  routing: {keyless: prefix}\n");
     let chat = r#"{"messages":[{"role":"system","content":"Be terse."},{"role":"user","content":"hi"}],"model":"m"}"#;
-    let key = prefix::derive("/v1/chat/completions", chat.as_bytes(), 2048).unwrap();
+    let key = prefix::derive(
+        "/v1/chat/completions",
+        chat.as_bytes(),
+        Head::FirstUser,
+        2048,
+    )
+    .unwrap();
     let out = stdout(&route(&prefix_routing, Some(chat), &["--model", "m"]));
     assert!(out.contains(key.as_str()), "{out}");
     assert_eq!(ranked(&out), documented(key.as_bytes()), "{out}");
 
     let completion = r#"{"prompt":"Once upon a time","model":"m"}"#;
-    let key = prefix::derive("/v1/completions", completion.as_bytes(), 2048).unwrap();
+    let key = prefix::derive(
+        "/v1/completions",
+        completion.as_bytes(),
+        Head::FirstUser,
+        2048,
+    )
+    .unwrap();
     let args = ["--model", "m", "--path", "/v1/completions"];
     let out = stdout(&route(&prefix_routing, Some(completion), &args));
     assert_eq!(ranked(&out), documented(key.as_bytes()), "{out}");

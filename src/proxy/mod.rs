@@ -44,8 +44,8 @@ use crate::errors::{self, ApiError};
 use crate::metrics;
 use crate::pool::ModelPool;
 use crate::retry::{self, Decision, Failure};
-use crate::routing::prefix::{self, DerivedKey};
-use crate::routing::{Affinity, Candidate, Keyless, Request};
+use crate::routing::prefix::DerivedKey;
+use crate::routing::{Affinity, Candidate, Request};
 use endpoints::Endpoint;
 use respond::{respond, respond_json, Stop};
 
@@ -172,10 +172,9 @@ impl Gateway {
             .get(facts.model.as_ref())
             .ok_or_else(|| ApiError::UnknownModel(facts.model.to_string()))?;
         ctx.pool = Some(pool.clone());
-        if let (None, Keyless::Derived(head)) = (&ctx.cache_key, pool.policy.keyless) {
+        if ctx.cache_key.is_none() {
             let path = session.req_header().uri.path();
-            let bytes = pool.policy.keyless_prefix_bytes;
-            ctx.derived_key = prefix::derive(path, &raw, head, bytes);
+            ctx.derived_key = pool.policy.derived_key(path, &raw);
         }
         let completion = headers::is_completion(session.req_header());
         // A stream whose client did not ask for usage: ask for it, and hide

@@ -138,6 +138,29 @@ pub enum Keyless {
     Derived(prefix::Head),
 }
 
+impl Keyless {
+    /// As written in `routing.keyless`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Keyless::RoundRobin => "round_robin",
+            Keyless::Derived(prefix::Head::FirstUser) => "prefix",
+            Keyless::Derived(prefix::Head::System) => "system",
+        }
+    }
+}
+
+impl Policy {
+    /// The key a request without `X-Poimen-Cache-Key` is ranked by: derived
+    /// from its body sent to `path`, when the policy says so and the body
+    /// has a head.
+    pub fn derived_key(&self, path: &str, body: &[u8]) -> Option<prefix::DerivedKey> {
+        match self.keyless {
+            Keyless::Derived(head) => prefix::derive(path, body, head, self.keyless_prefix_bytes),
+            Keyless::RoundRobin => None,
+        }
+    }
+}
+
 /// One model's routing table, built once per backend set.
 pub struct Router {
     balance_factor: Option<f64>,
