@@ -15,8 +15,6 @@ pub enum ApiError {
     Unauthorized,
     #[error("request body is larger than the limit of {limit} bytes")]
     TooLarge { limit: usize },
-    #[error("chunked request bodies over {limit} bytes cannot be forwarded; send Content-Length")]
-    ChunkedTooLarge { limit: usize },
     #[error("the model `{0}` does not exist")]
     UnknownModel(String),
     #[error("no route for {method} {path}")]
@@ -41,7 +39,7 @@ impl ApiError {
         match self {
             ApiError::BadRequest(_) => 400,
             ApiError::Unauthorized => 401,
-            ApiError::TooLarge { .. } | ApiError::ChunkedTooLarge { .. } => 413,
+            ApiError::TooLarge { .. } => 413,
             ApiError::UnknownModel(_) | ApiError::NotFound { .. } => 404,
             ApiError::NoBackend { .. }
             | ApiError::QueueFull { .. }
@@ -56,9 +54,7 @@ impl ApiError {
         match self {
             ApiError::BadRequest(_) => ("invalid_request_error", "invalid_body"),
             ApiError::Unauthorized => ("invalid_request_error", "invalid_api_key"),
-            ApiError::TooLarge { .. } | ApiError::ChunkedTooLarge { .. } => {
-                ("invalid_request_error", "body_too_large")
-            }
+            ApiError::TooLarge { .. } => ("invalid_request_error", "body_too_large"),
             ApiError::UnknownModel(_) => ("invalid_request_error", "model_not_found"),
             ApiError::NotFound { .. } => ("invalid_request_error", "not_found"),
             ApiError::NoBackend { .. } => ("server_error", "no_backend"),

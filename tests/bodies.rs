@@ -1,8 +1,16 @@
-//! Request bodies: read whole to find the model, forwarded byte-identical;
-//! every client error OpenAI-shaped with the right status.
+//! Request bodies, with `Content-Length` or chunked: read whole to find the
+//! model, forwarded byte-identical (also to a fallback); every client error
+//! OpenAI-shaped with the right status.
 
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tokio::io::AsyncReadExt;
+use tokio::net::TcpListener;
+
+use crate::support::backend::Seen;
 use crate::support::gateway::one_model;
-use crate::support::{client, get, FakeBackend, Gateway};
+use crate::support::{client, get, header, key_owned_by, FakeBackend, Gateway};
 
 /// A chat body of about `size` bytes with `model` as the last key.
 fn big_body(model: &str, size: usize) -> Vec<u8> {
@@ -35,38 +43,126 @@ async fn an_8_mib_body_with_model_last_arrives_byte_identical() {
             .await
             .unwrap();
         assert_eq!(resp.status(), 200, "size {size}");
-        let seen = b.seen().pop().unwrap();
-        assert_eq!(seen.body.len(), body.len(), "size {size}");
-        assert!(seen.body == body, "body changed on the way, size {size}");
+        assert_forwarded_intact(&b.seen().pop().unwrap(), &body);
+    }
+}
+
+/// `body` as a stream of 1000-byte pieces: with no length known, reqwest
+/// sends it chunked.
+fn chunked(body: &[u8]) -> reqwest::Body {
+    let pieces: Vec<Result<Vec<u8>, std::io::Error>> =
+        body.chunks(1000).map(|c| Ok(c.to_vec())).collect();
+    reqwest::Body::wrap_stream(futures::stream::iter(pieces))
+}
+
+/// What reached the backend is the client's body, framed by its length.
+fn assert_forwarded_intact(seen: &Seen, body: &[u8]) {
+    assert_eq!(seen.body.len(), body.len());
+    assert!(seen.body == body, "body changed on the way");
+    assert_eq!(seen.headers["content-length"], body.len().to_string());
+    assert!(seen.headers.get("transfer-encoding").is_none());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn chunked_bodies_of_any_size_are_routed_by_model_and_arrive_intact() {
+    let a = FakeBackend::start().await;
+    let b = FakeBackend::start().await;
+    let gw = Gateway::start(&format!(
+        "  models:\n    - name: model-a\n      address: \"{}\"\n    - name: model-b\n      address: \"{}\"\n",
+        a.addr, b.addr
+    ))
+    .await;
+    for size in [10, 64 * 1024 + 1, 8 << 20] {
+        let body = big_body("model-b", size);
+        let resp = client()
+            .post(gw.url("/v1/chat/completions"))
+            .body(chunked(&body))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200, "size {size}");
+        assert_forwarded_intact(&b.seen().pop().unwrap(), &body);
+    }
+    assert_eq!(a.count(), 0, "routed by the model at the end of the body");
+}
+
+/// A backend that takes a request of at least `bytes` bytes and hangs up
+/// without answering.
+async fn hang_up_after(bytes: usize) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            let mut buf = vec![0; 64 * 1024];
+            let mut read = 0;
+            while read < bytes {
+                match conn.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => read += n,
+                }
+            }
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_8_mib_chunked_body_is_resent_intact_to_the_fallback() {
+    let body = big_body("m", 8 << 20);
+    // The first choice refuses the connection, or takes the whole body and
+    // hangs up: either way the next backend gets the body intact.
+    let mut refused = FakeBackend::start().await;
+    refused.stop();
+    for first in [refused.addr, hang_up_after(body.len()).await] {
+        let b = FakeBackend::start().await;
+        let gw = Gateway::start(&one_model("m", &[first, b.addr])).await;
+        let resp = client()
+            .post(gw.url("/v1/chat/completions"))
+            .header("X-Poimen-Cache-Key", key_owned_by(first, &[first, b.addr]))
+            .body(chunked(&body))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        assert_eq!(header(&resp, "x-poimen-route"), "fallback");
+        assert_forwarded_intact(&b.seen()[0], &body);
     }
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn chunked_bodies_are_forwarded_up_to_the_retry_buffer() {
+async fn a_chunked_body_over_the_limit_is_refused_without_being_held() {
+    const LIMIT: usize = 4 << 20;
     let b = FakeBackend::start().await;
-    let gw = Gateway::start(&one_model("m", &[b.addr])).await;
-    let send = |body: Vec<u8>| {
-        // A stream body has no length: reqwest sends it chunked.
-        let stream = futures::stream::iter(
-            body.chunks(1000)
-                .map(|c| Ok::<_, std::io::Error>(c.to_vec()))
-                .collect::<Vec<_>>(),
-        );
-        client()
-            .post(gw.url("/v1/chat/completions"))
-            .body(reqwest::Body::wrap_stream(stream))
-            .send()
+    let gw = Gateway::start(&format!(
+        "  max_request_body_bytes: {LIMIT}\n{}",
+        one_model("m", &[b.addr])
+    ))
+    .await;
+    let before = gw.rss_kib();
+    // 64 MiB, made as it is sent.
+    let piece = bytes::Bytes::from(vec![b' '; 64 * 1024]);
+    let pieces =
+        futures::stream::iter((0..1024).map(move |_| Ok::<_, std::io::Error>(piece.clone())));
+    let send = client()
+        .post(gw.url("/v1/chat/completions"))
+        .body(reqwest::Body::wrap_stream(pieces))
+        .send();
+    tokio::pin!(send);
+    // The gateway's memory while it reads, until it answers.
+    let mut peak = before;
+    let resp = loop {
+        tokio::select! {
+            resp = &mut send => break resp.unwrap(),
+            _ = tokio::time::sleep(Duration::from_millis(5)) => peak = peak.max(gw.rss_kib()),
+        }
     };
-    let small = big_body("m", 5000);
-    let resp = send(small.clone()).await.unwrap();
-    assert_eq!(resp.status(), 200);
-    assert!(b.seen().pop().unwrap().body == small);
-    let resp = send(big_body("m", 100_000)).await.unwrap();
-    let v = assert_error(resp, 413, "body_too_large").await;
-    assert!(v["error"]["message"]
-        .as_str()
-        .unwrap()
-        .contains("Content-Length"));
+    assert_error(resp, 413, "body_too_large").await;
+    assert!(
+        peak < before + 16 * 1024,
+        "RSS grew from {before} KiB to {peak} KiB reading a body over a {LIMIT}-byte limit"
+    );
+    assert_eq!(b.count(), 0);
+    eprintln!("64 MiB chunked over a {LIMIT}-byte limit: gateway RSS {before} KiB before, at most {peak} KiB");
 }
 
 #[tokio::test(flavor = "multi_thread")]

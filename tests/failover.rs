@@ -5,21 +5,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use poimen_gateway::routing::rendezvous::rank;
-
 use crate::support::gateway::one_model;
-use crate::support::{chat, client, eventually, get, header, FakeBackend, Gateway};
-
-/// A key whose rendezvous owner among `addrs` is `owner`.
-fn key_owned_by(owner: std::net::SocketAddr, addrs: &[std::net::SocketAddr]) -> String {
-    let mut sorted = addrs.to_vec();
-    sorted.sort();
-    let list: Vec<(String, u32)> = sorted.iter().map(|a| (a.to_string(), 1)).collect();
-    (0..)
-        .map(|i| format!("key-{i}"))
-        .find(|k| list[rank(k.as_bytes(), &list)[0]].0 == owner.to_string())
-        .unwrap()
-}
+use crate::support::{chat, client, eventually, get, header, key_owned_by, FakeBackend, Gateway};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_dead_backend_is_excluded_then_returns_after_the_window() {

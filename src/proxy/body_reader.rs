@@ -1,22 +1,16 @@
-//! Reading a request body whole, bounded, before the backend is chosen, in a
-//! way Pingora will still forward (and re-send on a retry).
+//! Reading a request body whole, bounded, before the backend is chosen.
 //!
-//! Pingora 0.9 forwards a body that a filter already consumed only through its
-//! retry buffer, which holds at most 64 KiB and is given up once a body
-//! outgrows it. When that buffer is non-empty, Pingora replays it through
-//! `request_body_filter` on every upstream attempt; the gateway substitutes
-//! its own full copy there. So the retry buffer is switched on only for the
-//! last ≤ 64 KiB of the body: it stays intact and triggers the replay, and the
-//! gateway's copy supplies the bytes.
+//! Pingora forwards only the body bytes it reads itself; this body it finds
+//! already read. The patched pingora-proxy (`vendor/README.md`) then calls
+//! `request_body_filter` once on every upstream attempt, where the gateway
+//! emits its copy; so a body of any size and framing (`Content-Length` or
+//! chunked) is forwarded, and re-sent on a retry.
 
 use bytes::{Bytes, BytesMut};
 use pingora::proxy::Session;
 
 use super::respond::Stop;
 use crate::errors::ApiError;
-
-/// Pingora's retry buffer size (`BODY_BUF_LIMIT` in pingora-core).
-const RETRY_BUFFER_BYTES: usize = 64 * 1024;
 
 /// Read the whole request body, at most `limit` bytes.
 pub async fn read_whole(session: &mut Session, limit: usize) -> Result<Bytes, Stop> {
@@ -41,14 +35,10 @@ pub async fn read_whole(session: &mut Session, limit: usize) -> Result<Bytes, St
     }
     let mut buf = BytesMut::with_capacity(declared.unwrap_or(16 * 1024));
     loop {
-        // Chunked bodies have no known length: buffer from the start, so only
-        // those that fit the retry buffer can be forwarded (checked below).
-        let tail_left = declared.is_none_or(|n| n.saturating_sub(buf.len()) <= RETRY_BUFFER_BYTES);
-        if tail_left {
-            session.as_mut().enable_retry_buffering();
-        }
         match session.read_request_body().await {
             Ok(Some(chunk)) => {
+                // A chunked body declares no length: stop at the limit, before
+                // holding more than it.
                 if buf.len() + chunk.len() > limit {
                     return Err(too_large());
                 }
@@ -57,11 +47,6 @@ pub async fn read_whole(session: &mut Session, limit: usize) -> Result<Bytes, St
             Ok(None) => break,
             Err(e) => return Err(Stop::ClientGone(e)),
         }
-    }
-    if declared.is_none() && session.as_ref().retry_buffer_truncated() {
-        return Err(Stop::Answer(ApiError::ChunkedTooLarge {
-            limit: RETRY_BUFFER_BYTES,
-        }));
     }
     Ok(buf.freeze())
 }

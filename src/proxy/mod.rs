@@ -6,7 +6,8 @@
 //!   model; delay a warmup; choose the backend and take a slot on it;
 //! - `upstream_peer`: return the chosen backend (on a retry: the next one,
 //!   and the slot moves with it);
-//! - `upstream_request_filter`: strip and add the gateway's headers;
+//! - `upstream_request_filter`: strip and add the gateway's headers; frame
+//!   the body by its length;
 //! - `request_body_filter`: emit the body read in `request_filter`;
 //! - `fail_to_connect` / `error_while_proxy`: exclude a failed backend, retry;
 //! - `response_filter`: tell the client where the request went and why;
@@ -66,10 +67,9 @@ pub struct RequestCtx {
     /// No header, `keyless: prefix`: the key derived from the body.
     derived_key: Option<DerivedKey>,
     warmup: bool,
-    /// The body read in `request_filter`, re-emitted on every attempt.
+    /// The body read in `request_filter` (rewritten if the gateway added
+    /// `stream_options`), emitted on every attempt.
     body: Option<Bytes>,
-    /// The gateway changed the body (added `stream_options`).
-    body_rewritten: bool,
     /// Prefix-cache accounting, for completions.
     tracker: Option<Tracker>,
     /// Time to the first response body byte.
@@ -184,7 +184,6 @@ impl Gateway {
         if completion {
             ctx.tracker = Some(Tracker::new(add_usage));
         }
-        ctx.body_rewritten = add_usage;
         ctx.body = Some(if add_usage {
             body::with_stream_usage(&raw).into()
         } else {
@@ -336,7 +335,10 @@ impl ProxyHttp for Gateway {
         upstream: &mut RequestHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
-        if let (true, Some(body)) = (ctx.body_rewritten, &ctx.body) {
+        if let Some(body) = &ctx.body {
+            // The gateway's copy goes upstream in one piece, whatever the
+            // client's framing (chunked) or length (before a rewrite).
+            upstream.remove_header(&http::header::TRANSFER_ENCODING);
             upstream.insert_header(http::header::CONTENT_LENGTH, body.len().to_string())?;
         }
         headers::rewrite_upstream(upstream, ctx.warmup, self.config.warmup.vllm_priority)?;
@@ -355,8 +357,8 @@ impl ProxyHttp for Gateway {
         end_of_stream: bool,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
-        // Pingora replays its (tail-only) retry buffer here once per attempt;
-        // send the whole body instead.
+        // The body was read whole before routing: the patched Pingora calls
+        // this once per attempt, at the end of the body (see body_reader).
         if let Some(full) = &ctx.body {
             *body = Some(if end_of_stream {
                 full.clone()

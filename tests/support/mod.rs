@@ -9,9 +9,11 @@ pub mod ports;
 pub use backend::{FakeBackend, Reply};
 pub use gateway::Gateway;
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use poimen_gateway::routing::rendezvous::rank;
 use serde_json::json;
 
 pub fn client() -> reqwest::Client {
@@ -52,6 +54,17 @@ pub async fn get(gw: &Gateway, path: &str) -> reqwest::Response {
 pub fn spawn_chat(gw: &Arc<Gateway>, key: &'static str) -> tokio::task::JoinHandle<u16> {
     let gw = gw.clone();
     tokio::spawn(async move { chat(&gw, "m", Some(key)).await.status().as_u16() })
+}
+
+/// A key whose rendezvous owner among `addrs` (each of weight 1) is `owner`.
+pub fn key_owned_by(owner: SocketAddr, addrs: &[SocketAddr]) -> String {
+    let mut sorted = addrs.to_vec();
+    sorted.sort();
+    let list: Vec<(String, u32)> = sorted.iter().map(|a| (a.to_string(), 1)).collect();
+    (0..)
+        .map(|i| format!("key-{i}"))
+        .find(|k| list[rank(k.as_bytes(), &list)[0]].0 == owner.to_string())
+        .unwrap()
 }
 
 /// Poll `cond` until it holds or 10 s pass.
