@@ -10,6 +10,7 @@ mod bodies;
 mod config_check;
 mod failover;
 mod fuzz;
+mod logging;
 mod operations;
 mod reload;
 mod routing;
