@@ -7,8 +7,10 @@ use std::process::ExitCode;
 
 use pingora::prelude::*;
 use pingora::proxy::http_proxy_service;
+use pingora::server::RunArgs;
 use pingora::services::background::background_service;
 use poimen_gateway::config::GatewayConfig;
+use poimen_gateway::logging;
 use poimen_gateway::proxy::Gateway;
 
 fn main() -> ExitCode {
@@ -17,7 +19,15 @@ fn main() -> ExitCode {
     if std::env::args_os().nth(1).is_some_and(|a| a == "route") {
         return poimen_gateway::explain::run(std::env::args_os().skip(2));
     }
-    poimen_gateway::logging::init();
+    logging::init();
+    let code = run();
+    // Log lines are written by a thread of their own: write out what is
+    // still queued before the process ends.
+    logging::flush();
+    code
+}
+
+fn run() -> ExitCode {
     let opt = Opt::parse_args();
     let Some(path) = opt.conf.clone() else {
         eprintln!("poimen-gateway: a configuration file is required: -c FILE");
@@ -59,5 +69,12 @@ fn main() -> ExitCode {
     for (name, service) in health_checks {
         server.add_service(background_service(&name, service));
     }
-    server.run_forever()
+    if server.configuration.daemon {
+        logging::prepare_for_fork();
+    }
+    // Not `run_forever`, which ends the process with `exit(0)` once the
+    // services have stopped (on SIGTERM, SIGINT, or SIGQUIT for an upgrade):
+    // `run` returns then, so `main` can flush the log.
+    server.run(RunArgs::default());
+    ExitCode::SUCCESS
 }

@@ -84,6 +84,15 @@ pub static BACKEND_FAILURES: LazyLock<IntCounterVec> = LazyLock::new(|| {
     )
 });
 
+/// Log lines lost to a full log queue: stderr was not read fast enough
+/// (see `logging`).
+pub static LOG_LINES_DROPPED: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "poimen_gateway_log_lines_dropped_total",
+        "Log lines dropped because the queue to the stderr writer was full",
+    )
+});
+
 /// CAG-3 AC7: prompt tokens vLLM served from its prefix cache.
 pub static PREFIX_CACHE_HIT_TOKENS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     counter_vec(

@@ -4,7 +4,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, ChildStderr, Command, ExitStatus, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -171,9 +171,24 @@ impl Gateway {
     /// Start with `gateway_keys` (YAML lines indented under `gateway:`, which
     /// must include `models:`); the listeners are added here.
     pub async fn start(gateway_keys: &str) -> Gateway {
+        Gateway::spawn(gateway_keys, None).await
+    }
+
+    /// Like `start`, but stderr is a pipe for the test to take
+    /// (`take_stderr`) and read, or leave unread like a stalled journald.
+    /// `stderr()` is then empty, and so is the log shown on failure.
+    pub async fn start_with_stderr_pipe(gateway_keys: &str) -> Gateway {
+        Gateway::spawn(gateway_keys, Some(Stdio::piped())).await
+    }
+
+    async fn spawn(gateway_keys: &str, stderr: Option<Stdio>) -> Gateway {
         let conf = Conf::new(1);
         conf.write(gateway_keys);
-        let child = conf.command(&[]).spawn().unwrap();
+        let mut command = conf.command(&[]);
+        if let Some(stderr) = stderr {
+            command.stderr(stderr);
+        }
+        let child = command.spawn().unwrap();
         // Held by a `Gateway` from here on, so that it is killed (and its
         // log shown) also when it never listens.
         let unknown = SocketAddr::from((CLIENT_IP, 0));
@@ -185,6 +200,23 @@ impl Gateway {
         };
         (gw.addr, gw.metrics) = gw.conf.listening(gw.child.id()).await;
         gw
+    }
+
+    /// The read end of the stderr pipe (`start_with_stderr_pipe`).
+    pub fn take_stderr(&mut self) -> ChildStderr {
+        self.child
+            .stderr
+            .take()
+            .expect("started with a stderr pipe")
+    }
+
+    /// SIGTERM, Pingora's graceful shutdown; blocks until the process has
+    /// exited.
+    pub fn terminate(&mut self) -> ExitStatus {
+        let pid = self.child.id().to_string();
+        let kill = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        assert!(kill.success(), "kill -TERM {pid}");
+        self.child.wait().unwrap()
     }
 
     /// The gateway process's resident memory, in KiB.

@@ -1,4 +1,5 @@
-//! Log lines as JSON objects, one per line, for journald and log shippers.
+//! One log record as one JSON object on one line, for journald and log
+//! shippers.
 //!
 //! Every line carries `ts`, `level` and `target`. A structured event is a
 //! log record with key-values (the `log` crate's `kv`), e.g.
@@ -11,14 +12,15 @@ use std::io::Write;
 
 use log::kv::{Error as KvError, Key, Value, VisitSource};
 
-/// Installs the logger: `RUST_LOG` filters, `info` by default.
-pub fn init() {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
-        .format(|buf, record| {
-            let ts = buf.timestamp_millis();
-            write_line(buf, ts, record)
-        })
-        .init();
+/// `record` as one line, stamped now (UTC, milliseconds, as env_logger's
+/// `timestamp_millis` printed it); `None` when a value fails to format (as
+/// under env_logger, such a record is not logged).
+pub fn render(record: &log::Record) -> Option<Vec<u8>> {
+    // Most lines (a `prefix_cache` event) fit without growing.
+    let mut line = Vec::with_capacity(384);
+    let ts = jiff::Timestamp::now();
+    write_line(&mut line, format_args!("{ts:.3}"), record).ok()?;
+    Some(line)
 }
 
 fn write_line(out: &mut impl Write, ts: impl Display, record: &log::Record) -> std::io::Result<()> {
@@ -125,6 +127,25 @@ mod tests {
         assert!(v.get("event").is_none());
         let v = text("poimen_gateway", "{a} b {c}");
         assert_eq!(v["msg"], "{a} b {c}");
+    }
+
+    #[test]
+    fn a_line_is_stamped_in_utc_to_the_millisecond() {
+        let record = log::Record::builder()
+            .level(Level::Warn)
+            .target("t")
+            .args(format_args!("m"))
+            .build();
+        let line = String::from_utf8(super::render(&record).unwrap()).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        let ts = v["ts"].as_str().unwrap();
+        // As TS above: 2026-11-30T18:00:00.123Z.
+        let shape: String = ts
+            .chars()
+            .map(|c| if c.is_ascii_digit() { '0' } else { c })
+            .collect();
+        assert_eq!(shape, "0000-00-00T00:00:00.000Z", "{ts}");
+        assert!(line.ends_with("}\n"));
     }
 
     #[test]
