@@ -185,3 +185,36 @@ async fn a_healthy_run_logs_no_error_or_warning() {
         "the end of the shutdown is missing"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_that_leaves_mid_stream_is_no_error() {
+    let stream = FakeBackend::start().await;
+    stream.set_reply(Reply::sse(
+        (0..20).map(|i| format!("{{\"n\":{i}}}")).collect(),
+        Duration::from_millis(100),
+    ));
+    let mut gw = Gateway::start(&one_model("s", &[stream.addr])).await;
+    for _ in 0..3 {
+        let mut resp = client()
+            .post(gw.url("/v1/chat/completions"))
+            .body(r#"{"model":"s","stream":true,"messages":[]}"#)
+            .send()
+            .await
+            .unwrap();
+        assert!(resp.chunk().await.unwrap().is_some());
+        // Gone after the first event.
+    }
+    let backend = stream.addr.to_string();
+    let labels = [("model", "s"), ("backend", backend.as_str())];
+    crate::support::eventually("the three streams end", || async {
+        gw.metric("poimen_gateway_requests_total", &labels).await == 3.0
+    })
+    .await;
+    assert!(gw.terminate().success());
+    let loud: Vec<Value> = gw
+        .log_lines()
+        .into_iter()
+        .filter(|v| v["level"] == "ERROR" || v["level"] == "WARN")
+        .collect();
+    assert!(loud.is_empty(), "clients leaving logged {loud:#?}");
+}

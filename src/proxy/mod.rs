@@ -31,7 +31,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use bytes::Bytes;
 use http::HeaderValue;
-use log::warn;
+use log::{debug, warn};
 use pingora::lb::HealthCheckService;
 use pingora::prelude::*;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
@@ -491,6 +491,17 @@ impl ProxyHttp for Gateway {
             error_code: code,
             can_reuse_downstream: false,
         }
+    }
+
+    fn suppress_error_log(&self, _session: &Session, _ctx: &RequestCtx, e: &Error) -> bool {
+        // A client that left (or sent garbage) is not a failure of the
+        // gateway or a backend: the request metrics count it (499), and an
+        // ERROR line would page an operator for it.
+        let client = e.esource() == &ErrorSource::Downstream;
+        if client {
+            debug!("client error: {e}");
+        }
+        client
     }
 
     async fn logging(&self, session: &mut Session, _e: Option<&Error>, ctx: &mut RequestCtx) {
