@@ -39,6 +39,13 @@ fn ranking(key: &str, backends: &[FakeBackend]) -> Vec<String> {
         .collect()
 }
 
+/// `resp` answered 200 from `backend`, under `route`.
+fn served(resp: &reqwest::Response, route: &str, backend: &str, what: &str) {
+    assert_eq!(resp.status(), 200, "{what}");
+    assert_eq!(header(resp, "x-poimen-route"), route, "{what}");
+    assert_eq!(header(resp, "x-poimen-backend"), backend, "{what}");
+}
+
 fn inflight(backends: &[FakeBackend]) -> usize {
     backends.iter().map(|b| b.inflight()).sum()
 }
@@ -176,12 +183,11 @@ async fn keyless_turns_of_a_conversation_stay_on_one_backend() {
                 .send()
                 .await
                 .unwrap();
-            assert_eq!(resp.status(), 200);
-            assert_eq!(header(&resp, "x-poimen-route"), "prefix");
-            assert_eq!(
-                header(&resp, "x-poimen-backend"),
-                want,
-                "conversation {c} turn {n}"
+            served(
+                &resp,
+                "prefix",
+                &want,
+                &format!("conversation {c} turn {n}"),
             );
         }
         used.insert(want);
@@ -268,11 +274,11 @@ async fn keyless_system_keeps_a_sessions_warmup_and_sub_agents_together() {
             )
             .await
             .unwrap();
-            assert_eq!(header(&resp, "x-poimen-route"), "prefix");
-            assert_eq!(
-                header(&resp, "x-poimen-backend"),
-                want,
-                "session {s} agent {agent}"
+            served(
+                &resp,
+                "prefix",
+                &want,
+                &format!("session {s} agent {agent}"),
             );
         }
         used.insert(want);
