@@ -78,56 +78,50 @@ mod tests {
     };
 
     #[test]
-    fn a_connect_failure_excludes_and_retries() {
-        let f = Failure {
-            connecting: true,
-            ..RESET
+    fn each_case_decides_as_documented() {
+        use Decision::*;
+        let case = |f: fn(&mut Failure)| {
+            let mut failure = RESET;
+            f(&mut failure);
+            failure
         };
-        assert_eq!(decide(&f), Decision::ExcludeAndRetry);
-    }
-
-    #[test]
-    fn a_reset_before_the_response_excludes_and_retries() {
-        assert_eq!(decide(&RESET), Decision::ExcludeAndRetry);
-    }
-
-    #[test]
-    fn a_closed_pooled_connection_reconnects_without_blame() {
-        let f = Failure {
-            reused_connection: true,
-            ..RESET
-        };
-        assert_eq!(decide(&f), Decision::Reconnect);
-    }
-
-    #[test]
-    fn a_client_gone_is_no_ones_fault() {
-        let f = Failure {
-            upstream: false,
-            ..RESET
-        };
-        assert_eq!(decide(&f), Decision::GiveUp);
-    }
-
-    #[test]
-    fn a_started_response_is_never_retried() {
-        for reused_connection in [false, true] {
-            let f = Failure {
-                response_started: true,
-                reused_connection,
-                ..RESET
-            };
-            assert_eq!(decide(&f), Decision::GiveUp);
+        let cases: [(&str, Failure, Decision); 8] = [
+            ("a reset before the response", RESET, ExcludeAndRetry),
+            (
+                "a connect failure",
+                case(|f| f.connecting = true),
+                ExcludeAndRetry,
+            ),
+            (
+                "a closed pooled connection",
+                case(|f| f.reused_connection = true),
+                Reconnect,
+            ),
+            ("the client gone", case(|f| f.upstream = false), GiveUp),
+            (
+                "a started response",
+                case(|f| f.response_started = true),
+                GiveUp,
+            ),
+            (
+                "a started response on a pooled connection",
+                case(|f| (f.response_started, f.reused_connection) = (true, true)),
+                GiveUp,
+            ),
+            (
+                "a bad answer or a timeout",
+                case(|f| f.unreachable = false),
+                GiveUp,
+            ),
+            (
+                "a connect failure whatever else is said",
+                case(|f| (f.connecting, f.upstream) = (true, false)),
+                ExcludeAndRetry,
+            ),
+        ];
+        for (what, failure, want) in cases {
+            assert_eq!(decide(&failure), want, "{what}");
         }
-    }
-
-    #[test]
-    fn a_bad_answer_or_timeout_is_not_retried() {
-        let f = Failure {
-            unreachable: false,
-            ..RESET
-        };
-        assert_eq!(decide(&f), Decision::GiveUp);
     }
 
     #[test]

@@ -183,12 +183,8 @@ async fn keyless_turns_of_a_conversation_stay_on_one_backend() {
                 .send()
                 .await
                 .unwrap();
-            served(
-                &resp,
-                "prefix",
-                &want,
-                &format!("conversation {c} turn {n}"),
-            );
+            let what = format!("conversation {c} turn {n}");
+            served(&resp, "prefix", &want, &what);
         }
         used.insert(want);
     }
@@ -274,12 +270,8 @@ async fn keyless_system_keeps_a_sessions_warmup_and_sub_agents_together() {
             )
             .await
             .unwrap();
-            served(
-                &resp,
-                "prefix",
-                &want,
-                &format!("session {s} agent {agent}"),
-            );
+            let what = format!("session {s} agent {agent}");
+            served(&resp, "prefix", &want, &what);
         }
         used.insert(want);
     }

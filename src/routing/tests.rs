@@ -46,12 +46,15 @@ fn the_member_order_does_not_matter() {
     let a = router(4);
     let reversed: Vec<(SocketAddr, u32)> = a.addrs().iter().rev().map(|a| (*a, 1)).collect();
     let b = Router::new(&Policy::default(), reversed);
-    for k in 0..100 {
+    assert_same_ranking(&a, &b, 100);
+}
+
+/// Without load, `a` and `b` rank `n` keys alike.
+fn assert_same_ranking(a: &Router, b: &Router, n: usize) {
+    for k in 0..n {
         let key = format!("key-{k}");
-        assert_eq!(
-            a.rank(Request::new(Affinity::Key(key.as_bytes()), &[]), idle),
-            b.rank(Request::new(Affinity::Key(key.as_bytes()), &[]), idle)
-        );
+        let req = Request::new(Affinity::Key(key.as_bytes()), &[]);
+        assert_eq!(a.rank(req, idle), b.rank(req, idle), "{key}");
     }
 }
 
@@ -207,14 +210,7 @@ fn a_hot_keys_excess_moves_down_its_ranking() {
 
 #[test]
 fn without_load_bounded_is_pure_rendezvous() {
-    let (plain, b) = (router(5), bounded(5, 1.25));
-    for k in 0..500 {
-        let key = format!("key-{k}");
-        assert_eq!(
-            plain.rank(Request::new(Affinity::Key(key.as_bytes()), &[]), idle),
-            b.rank(Request::new(Affinity::Key(key.as_bytes()), &[]), idle)
-        );
-    }
+    assert_same_ranking(&router(5), &bounded(5, 1.25), 500);
 }
 
 #[test]
