@@ -7,14 +7,23 @@
 //! when dropped (handing it straight to the next waiter), a [`Ticket`] leaves
 //! the queue when dropped, so cancellation (a client gone, a timeout, an
 //! error) cannot leak a slot or a place.
+//!
+//! With `scheduler.load_feedback` the slot limit moves with the backend's
+//! load reports (see `feedback`): a lower limit takes effect as slots are
+//! freed (none is taken back), a higher one hands slots to waiters at once.
+
+mod feedback;
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use prometheus::IntGauge;
 use tokio::sync::oneshot;
+
+use feedback::Feedback;
+pub use feedback::REPORT_TTL;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Class {
@@ -67,25 +76,47 @@ struct Waiter {
     tx: oneshot::Sender<Permit>,
 }
 
-#[derive(Default)]
 struct State {
     running: usize,
     agents: VecDeque<Waiter>,
     warmups: VecDeque<Waiter>,
     next_id: u64,
+    /// With load feedback: the moving slot limit.
+    feedback: Option<Feedback>,
 }
 
 impl State {
     fn queued(&self) -> usize {
         self.agents.len() + self.warmups.len()
     }
+
+    fn slot_limit(&self, limits: Limits, now: Instant) -> usize {
+        match &self.feedback {
+            Some(f) => f.limit(now),
+            None => limits.max_num_seqs,
+        }
+    }
+
+    /// The next waiter to be given a slot: agents first, then warmups.
+    fn next_waiter(&mut self) -> Option<Waiter> {
+        self.agents.pop_front().or_else(|| self.warmups.pop_front())
+    }
 }
 
 impl Admission {
-    pub fn new(limits: Limits, gauges: Gauges) -> Arc<Self> {
+    /// `feedback`: with `scheduler.load_feedback`, the backend's whole
+    /// `max_num_seqs`, the most slots its reports may lend this replica.
+    pub fn new(limits: Limits, feedback: Option<usize>, gauges: Gauges) -> Arc<Self> {
+        let state = State {
+            running: 0,
+            agents: VecDeque::new(),
+            warmups: VecDeque::new(),
+            next_id: 0,
+            feedback: feedback.map(|ceiling| Feedback::new(limits.max_num_seqs, ceiling)),
+        };
         Arc::new(Admission {
             limits,
-            state: Mutex::default(),
+            state: Mutex::new(state),
             load: AtomicUsize::new(0),
             gauges,
         })
@@ -106,14 +137,55 @@ impl Admission {
         self.load.load(Ordering::Relaxed)
     }
 
+    /// The slots this replica may use now: `max_num_seqs`, or with load
+    /// feedback the limit the backend's reports set.
+    pub fn slot_limit(&self) -> usize {
+        self.lock().slot_limit(self.limits, Instant::now())
+    }
+
+    /// The backend reported `waiting` requests in its queue (load feedback;
+    /// ignored without it). A raised limit hands slots to waiters now.
+    pub fn report(self: &Arc<Self>, waiting: usize) {
+        let now = Instant::now();
+        let granted = {
+            let mut st = self.lock();
+            let (inflight, queued) = (st.running, st.queued());
+            let Some(f) = &mut st.feedback else {
+                return;
+            };
+            f.on_report(waiting, inflight, queued, now);
+            self.grant(&mut st, now)
+        };
+        self.send(granted);
+    }
+
     /// Take a slot if one is free, else a queue place if one is free, else
     /// refuse. Never waits.
     pub fn try_enter(self: &Arc<Self>, class: Class) -> Result<Ticket, AdmitError> {
+        let now = Instant::now();
         let mut st = self.lock();
-        if st.running < self.limits.max_num_seqs && st.queued() == 0 {
+        // With feedback the limit may have risen since the last release (a
+        // report went stale): serve the line before joining it.
+        let granted = if st.feedback.is_some() {
+            self.grant(&mut st, now)
+        } else {
+            Vec::new()
+        };
+        let entered = self.enter(&mut st, class, now);
+        drop(st);
+        self.send(granted);
+        entered
+    }
+
+    fn enter(
+        self: &Arc<Self>,
+        st: &mut State,
+        class: Class,
+        now: Instant,
+    ) -> Result<Ticket, AdmitError> {
+        if st.running < st.slot_limit(self.limits, now) && st.queued() == 0 {
             st.running += 1;
-            self.publish(&st);
-            drop(st);
+            self.publish(st);
             return Ok(Ticket::Ready(Permit::new(self)));
         }
         if st.queued() >= self.limits.max_queue_depth {
@@ -127,7 +199,7 @@ impl Admission {
             Class::Agent => st.agents.push_back(waiter),
             Class::Warmup => st.warmups.push_back(waiter),
         }
-        self.publish(&st);
+        self.publish(st);
         Ok(Ticket::Queued(Place {
             admission: self.clone(),
             id,
@@ -147,11 +219,13 @@ impl Admission {
         self.gauges.queued.set(st.queued() as i64);
     }
 
-    /// A slot was freed: hand it to the next waiter, or give it back.
+    /// A slot was freed: hand it to the next waiter, or give it back (also
+    /// when a lowered limit has more running than it allows).
     fn release(self: &Arc<Self>) {
         let next = {
             let mut st = self.lock();
-            let next = st.agents.pop_front().or_else(|| st.warmups.pop_front());
+            let over = st.running > st.slot_limit(self.limits, Instant::now());
+            let next = if over { None } else { st.next_waiter() };
             if next.is_none() {
                 st.running -= 1;
             }
@@ -161,6 +235,27 @@ impl Admission {
         // Outside the lock: if the waiter is gone, the returned permit is
         // dropped here and releases again.
         if let Some(w) = next {
+            let _ = w.tx.send(Permit::new(self));
+        }
+    }
+
+    /// Waiters given the slots a raised limit freed, counted as running.
+    fn grant(&self, st: &mut State, now: Instant) -> Vec<Waiter> {
+        let mut granted = Vec::new();
+        while st.running < st.slot_limit(self.limits, now) {
+            let Some(w) = st.next_waiter() else {
+                break;
+            };
+            st.running += 1;
+            granted.push(w);
+        }
+        self.publish(st);
+        granted
+    }
+
+    /// Outside the lock: send each granted waiter its permit.
+    fn send(self: &Arc<Self>, granted: Vec<Waiter>) {
+        for w in granted {
             let _ = w.tx.send(Permit::new(self));
         }
     }

@@ -12,6 +12,7 @@ pub mod errors;
 pub mod exclusion;
 pub mod explain;
 pub mod health;
+pub mod load_report;
 pub mod logging;
 pub mod metrics;
 pub mod pool;

@@ -70,7 +70,8 @@ impl ModelPool {
                 let (name, backend) = (&model.name, a.to_string());
                 metrics::init_backend(name, &backend);
                 let gauges = metrics::admission_gauges(name, &backend);
-                (*a, Admission::new(model.limits, gauges))
+                let admission = Admission::new(model.limits, model.load_feedback, gauges);
+                (*a, admission)
             })
             .collect();
         let pool = ModelPool {
@@ -146,6 +147,7 @@ mod tests {
                 max_queue_depth: 20,
             },
             policy: Policy::default(),
+            load_feedback: None,
         };
         ModelPool::new(&model, Duration::from_secs(30), None).0
     }

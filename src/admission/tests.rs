@@ -2,11 +2,20 @@ use super::*;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 fn admission(max_num_seqs: usize, max_queue_depth: usize) -> Arc<Admission> {
+    with_feedback(max_num_seqs, max_queue_depth, None)
+}
+
+fn with_feedback(
+    max_num_seqs: usize,
+    max_queue_depth: usize,
+    ceiling: Option<usize>,
+) -> Arc<Admission> {
     Admission::new(
         Limits {
             max_num_seqs,
             max_queue_depth,
         },
+        ceiling,
         Gauges {
             inflight: IntGauge::new("inflight", "test").unwrap(),
             queued: IntGauge::new("queued", "test").unwrap(),
@@ -153,4 +162,63 @@ async fn zero_queue_depth_refuses_when_slots_are_busy() {
     let a = admission(1, 0);
     let _p = ready(a.try_enter(Class::Agent).unwrap());
     assert_eq!(a.try_enter(Class::Agent).err(), Some(AdmitError::QueueFull));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_report_of_waiting_requests_lowers_the_limit_as_slots_free() {
+    // Share 3 of a backend of 6.
+    let a = with_feedback(3, 10, Some(6));
+    let permits: Vec<Permit> = (0..3)
+        .map(|_| ready(a.try_enter(Class::Agent).unwrap()))
+        .collect();
+    let waiting: Vec<Ticket> = (0..2).map(|_| a.try_enter(Class::Agent).unwrap()).collect();
+    // 3 * 6 / (6 + 30) = 0 -> 1 slot.
+    a.report(30);
+    assert_eq!(a.slot_limit(), 1);
+    assert_eq!(a.counts(), (3, 2), "nothing is taken back");
+    let mut permits = permits.into_iter();
+    drop(permits.next());
+    drop(permits.next());
+    assert_eq!(
+        a.counts(),
+        (1, 2),
+        "freed slots are not handed on over the limit"
+    );
+    drop(permits);
+    assert_eq!(
+        a.counts(),
+        (1, 1),
+        "at the limit the next waiter gets the slot"
+    );
+    drop(waiting);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_report_of_nothing_waiting_lends_a_slot_to_a_waiter_at_once() {
+    let a = with_feedback(2, 10, Some(4));
+    let _held: Vec<Permit> = (0..2)
+        .map(|_| ready(a.try_enter(Class::Agent).unwrap()))
+        .collect();
+    let t1 = a.try_enter(Class::Agent).unwrap();
+    let _t2 = a.try_enter(Class::Agent).unwrap();
+    a.report(0);
+    assert_eq!(a.slot_limit(), 3);
+    assert_eq!(a.counts(), (3, 1));
+    let _p = t1.wait(Duration::ZERO).await.unwrap();
+    a.report(0);
+    a.report(0);
+    assert_eq!(a.slot_limit(), 4, "never more than the backend's own limit");
+    assert_eq!(a.counts(), (4, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_feedback_reports_change_nothing() {
+    let a = admission(2, 10);
+    let _p = ready(a.try_enter(Class::Agent).unwrap());
+    a.report(100);
+    assert_eq!(a.slot_limit(), 2);
+    assert!(matches!(
+        a.try_enter(Class::Agent).unwrap(),
+        Ticket::Ready(_)
+    ));
 }

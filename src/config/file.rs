@@ -100,6 +100,12 @@ pub struct SchedulerFile {
     /// `ceil(max_queue_depth / replicas)` per backend. Default 1.
     #[serde(default = "default_replicas")]
     pub replicas: u64,
+    /// Ask each backend for its load (`endpoint-load-metrics`, vLLM's ORCA
+    /// report) and let it move this replica's slots between 1 and the
+    /// backend's whole `max_num_seqs`: fewer while requests wait there, more
+    /// while none do and this replica is short. Default false.
+    #[serde(default)]
+    pub load_feedback: bool,
 }
 
 impl Default for SchedulerFile {
@@ -110,6 +116,7 @@ impl Default for SchedulerFile {
             queue_timeout_ms: default_queue_timeout_ms(),
             overflow: Overflow::default(),
             replicas: default_replicas(),
+            load_feedback: false,
         }
     }
 }

@@ -41,6 +41,8 @@ pub struct GatewayConfig {
     pub stream_usage: bool,
     pub queue_timeout: Duration,
     pub overflow: Overflow,
+    /// `scheduler.load_feedback`: ask backends for their load reports.
+    pub load_feedback: bool,
     pub warmup: WarmupConfig,
     pub models: Vec<ModelConfig>,
 }
@@ -67,6 +69,10 @@ pub struct ModelConfig {
     pub limits: Limits,
     /// How this model's requests are routed.
     pub policy: Policy,
+    /// With `scheduler.load_feedback`: the backend's whole `max_num_seqs`
+    /// (before the split between replicas), the most slots its load reports
+    /// may lend this replica. None: off.
+    pub load_feedback: Option<usize>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -259,11 +265,18 @@ fn validate(file: GatewayFile) -> Result<GatewayConfig, ConfigError> {
             QUEUE_TIMEOUT_MS.check("gateway.scheduler.queue_timeout_ms", sched.queue_timeout_ms)?
         ),
         overflow: sched.overflow,
+        load_feedback: sched.load_feedback,
         warmup: WarmupConfig {
             delay: ms(WARMUP_DELAY_MS.check("gateway.warmup.delay_ms", file.warmup.delay_ms)?),
             vllm_priority: file.warmup.vllm_priority,
         },
-        models: validate_models(file.models, default_limits, replicas, &routing)?,
+        models: validate_models(
+            file.models,
+            default_limits,
+            replicas,
+            sched.load_feedback,
+            &routing,
+        )?,
     })
 }
 
@@ -367,6 +380,7 @@ fn validate_models(
     models: Vec<ModelFile>,
     limits: Limits,
     replicas: usize,
+    load_feedback: bool,
     routing: &Policy,
 ) -> Result<Vec<ModelConfig>, ConfigError> {
     if models.is_empty() {
@@ -376,7 +390,7 @@ fn validate_models(
     let mut out = Vec::new();
     for (i, m) in models.into_iter().enumerate() {
         let path = format!("gateway.models[{i}]");
-        let model = validate_model(&path, m, limits, replicas, routing)?;
+        let model = validate_model(&path, m, limits, replicas, load_feedback, routing)?;
         if !names.insert(model.name.clone()) {
             return Err(invalid(
                 format!("{path}.name"),
@@ -413,6 +427,7 @@ fn validate_model(
     m: ModelFile,
     defaults: Limits,
     replicas: usize,
+    load_feedback: bool,
     routing: &Policy,
 ) -> Result<ModelConfig, ConfigError> {
     if m.name.trim().is_empty() || m.name.chars().any(char::is_control) {
@@ -483,6 +498,7 @@ fn validate_model(
         backends,
         limits,
         policy,
+        load_feedback: load_feedback.then_some(configured.max_num_seqs),
     })
 }
 

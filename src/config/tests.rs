@@ -244,6 +244,22 @@ fn replicas_share_each_backends_limits_rounding_up() {
 }
 
 #[test]
+fn load_feedback_is_off_by_default_and_lends_up_to_the_whole_backend() {
+    let c = GatewayConfig::from_yaml(MINIMAL).unwrap();
+    assert!(!c.load_feedback);
+    assert_eq!(c.models[0].load_feedback, None);
+    let yaml = format!("{MINIMAL}  scheduler: {{replicas: 3, load_feedback: true}}\n");
+    let c = GatewayConfig::from_yaml(&yaml).unwrap();
+    assert!(c.load_feedback);
+    // The share is divided; the ceiling is the backend's own limit.
+    assert_eq!(c.models[0].limits.max_num_seqs, 2);
+    assert_eq!(c.models[0].load_feedback, Some(4));
+    assert_eq!(c.models[1].load_feedback, Some(8));
+    let got = err(&format!("{MINIMAL}  scheduler: {{load_feedback: 1}}\n"));
+    assert!(got.contains("load_feedback"), "{got}");
+}
+
+#[test]
 fn health_check_auth_and_read_timeout() {
     let c = GatewayConfig::from_yaml(MINIMAL).unwrap();
     assert!(c.health_check.is_none() && c.api_keys.is_none() && c.upstream_api_key.is_none());

@@ -6,13 +6,15 @@
 //!   model; delay a warmup; choose the backend and take a slot on it;
 //! - `upstream_peer`: return the chosen backend (on a retry: the next one,
 //!   and the slot moves with it);
-//! - `upstream_request_filter`: strip and add the gateway's headers; frame
-//!   the body by its length;
+//! - `upstream_request_filter`: strip and add the gateway's headers (with
+//!   load feedback: ask for the backend's load report); frame the body by
+//!   its length;
 //! - `request_body_filter`: emit the body read in `request_filter`;
 //! - `fail_to_connect` / `error_while_proxy`: exclude a failed backend, retry;
 //! - `response_filter`: tell the client where the request went and why;
 //! - `upstream_response_filter` / `upstream_response_body_filter`: read the
-//!   cache accounting as the response passes; free the slot when it ends;
+//!   cache accounting (and the load report) as the response passes; free
+//!   the slot when it ends;
 //! - `fail_to_proxy`: answer errors in OpenAI's shape;
 //! - `logging`: the `prefix_cache` log line and the request metrics.
 
@@ -42,6 +44,7 @@ use crate::admission::Permit;
 use crate::body;
 use crate::config::GatewayConfig;
 use crate::errors::{self, ApiError};
+use crate::load_report;
 use crate::metrics;
 use crate::pool::ModelPool;
 use crate::retry::{self, Decision, Failure};
@@ -347,6 +350,11 @@ impl ProxyHttp for Gateway {
         if let Some(key) = &self.config.upstream_api_key {
             upstream.insert_header(http::header::AUTHORIZATION, format!("Bearer {key}"))?;
         }
+        if self.config.load_feedback {
+            // The gateway's own question, in the one format it reads,
+            // whatever the client asked.
+            upstream.insert_header(load_report::FORMAT_HEADER, "json")?;
+        }
         Ok(())
     }
 
@@ -417,6 +425,9 @@ impl ProxyHttp for Gateway {
     ) -> Result<()> {
         if let Some(a) = &mut ctx.attempt {
             a.response_started = true;
+        }
+        if self.config.load_feedback {
+            take_load_report(response, ctx);
         }
         if let Some(tracker) = &mut ctx.tracker {
             if tracker.on_header(response.status.as_u16(), &response.headers) {
@@ -508,5 +519,24 @@ impl ProxyHttp for Gateway {
         // Free the slot even if the response never ended cleanly.
         ctx.release_slot();
         self.record(session, ctx);
+    }
+}
+
+/// Load feedback: hand the backend's report to its admission, and keep it
+/// from the client (the gateway asked for it; a fleet's load is not the
+/// client's business). A missing or malformed report changes nothing.
+fn take_load_report(response: &mut ResponseHeader, ctx: &RequestCtx) {
+    let waiting = response
+        .headers
+        .get(load_report::HEADER)
+        .and_then(|v| load_report::waiting(v.as_bytes()));
+    response.remove_header(load_report::HEADER);
+    let admission = ctx
+        .attempt
+        .as_ref()
+        .zip(ctx.pool.as_ref())
+        .and_then(|(a, pool)| pool.admission(&a.candidate.addr));
+    if let (Some(waiting), Some(admission)) = (waiting, admission) {
+        admission.report(waiting);
     }
 }
