@@ -11,6 +11,7 @@ mod config_check;
 mod explain;
 mod failover;
 mod fuzz;
+mod load_feedback;
 mod logging;
 mod operations;
 mod reload;

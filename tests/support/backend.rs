@@ -153,6 +153,11 @@ impl FakeBackend {
         self.state.max_inflight.load(Ordering::SeqCst)
     }
 
+    /// Start counting `max_inflight` afresh.
+    pub fn reset_max_inflight(&self) {
+        self.state.max_inflight.store(0, Ordering::SeqCst);
+    }
+
     pub fn sent_at(&self) -> Vec<Instant> {
         self.state.sent_at.lock().unwrap().clone()
     }
