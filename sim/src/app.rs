@@ -75,6 +75,7 @@ impl App {
             running: self.sched.running(),
             waiting: self.sched.waiting(),
             max_running_seen: self.sched.max_running_seen(),
+            queued: self.sched.queued(),
             kv_cache_usage_perc: self.kv_cache_usage(),
             cached_blocks: self.cache.lock().expect("cache lock").len(),
         }

@@ -7,7 +7,7 @@
 //! whose `Drop` undoes the bookkeeping, so a client that disconnects while
 //! queued or mid-generation frees its place without any explicit cleanup.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -19,6 +19,10 @@ pub struct Scheduler {
     running: AtomicUsize,
     waiting: AtomicUsize,
     max_running_seen: AtomicUsize,
+    /// Requests that found every slot taken and had to wait.
+    queued_total: AtomicU64,
+    /// Their time waiting, in microseconds.
+    queued_us_total: AtomicU64,
 }
 
 /// Held while a request runs; releases its slot on drop.
@@ -50,6 +54,8 @@ impl Scheduler {
             running: AtomicUsize::new(0),
             waiting: AtomicUsize::new(0),
             max_running_seen: AtomicUsize::new(0),
+            queued_total: AtomicU64::new(0),
+            queued_us_total: AtomicU64::new(0),
         })
     }
 
@@ -59,10 +65,20 @@ impl Scheduler {
         self.waiting.fetch_add(1, Ordering::SeqCst);
         let permit = {
             let _waiting = WaitingGuard(self);
-            Arc::clone(&self.slots)
-                .acquire_owned()
-                .await
-                .expect("the scheduler never closes its semaphore")
+            match Arc::clone(&self.slots).try_acquire_owned() {
+                Ok(permit) => permit,
+                Err(_) => {
+                    let started = std::time::Instant::now();
+                    let permit = Arc::clone(&self.slots)
+                        .acquire_owned()
+                        .await
+                        .expect("the scheduler never closes its semaphore");
+                    let us = started.elapsed().as_micros() as u64;
+                    self.queued_total.fetch_add(1, Ordering::Relaxed);
+                    self.queued_us_total.fetch_add(us, Ordering::Relaxed);
+                    permit
+                }
+            }
         };
         let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
         self.max_running_seen.fetch_max(now, Ordering::SeqCst);
@@ -82,6 +98,14 @@ impl Scheduler {
 
     pub fn max_running_seen(&self) -> usize {
         self.max_running_seen.load(Ordering::SeqCst)
+    }
+
+    /// (requests that had to wait for a slot, their total wait in µs).
+    pub fn queued(&self) -> (u64, u64) {
+        (
+            self.queued_total.load(Ordering::Relaxed),
+            self.queued_us_total.load(Ordering::Relaxed),
+        )
     }
 }
 
@@ -140,6 +164,7 @@ mod tests {
         assert_eq!(*order.lock().unwrap(), (0..8).collect::<Vec<_>>());
         assert_eq!(peak.load(Ordering::SeqCst), 2);
         assert_eq!(sched.max_running_seen(), 2);
+        assert_eq!(sched.queued().0, 6, "all but the first two waited");
         assert_eq!((sched.running(), sched.waiting()), (0, 0));
     }
 

@@ -33,6 +33,8 @@ pub struct Gauges {
     pub running: usize,
     pub waiting: usize,
     pub max_running_seen: usize,
+    /// Requests that waited for a slot, and their total wait in µs.
+    pub queued: (u64, u64),
     pub kv_cache_usage_perc: f64,
     pub cached_blocks: usize,
 }
@@ -44,6 +46,10 @@ pub struct StatsBody {
     pub running: usize,
     pub waiting: usize,
     pub max_running_seen: usize,
+    /// Requests that found every slot taken and waited (since start).
+    pub queued_total: u64,
+    /// Their total wait, in seconds.
+    pub queue_wait_seconds_total: f64,
     pub prompt_tokens: u64,
     pub cached_tokens: u64,
     pub successes: u64,
@@ -85,6 +91,8 @@ impl Metrics {
             running: g.running,
             waiting: g.waiting,
             max_running_seen: g.max_running_seen,
+            queued_total: g.queued.0,
+            queue_wait_seconds_total: g.queued.1 as f64 / 1e6,
             prompt_tokens: self.prompt_tokens.load(Ordering::Relaxed),
             cached_tokens: self.cached_tokens.load(Ordering::Relaxed),
             successes: self.successes.load(Ordering::Relaxed),
@@ -174,6 +182,7 @@ mod tests {
             running: 2,
             waiting: 3,
             max_running_seen: 4,
+            queued: (5, 6_000_000),
             kv_cache_usage_perc: 0.25,
             cached_blocks: 7,
         }
@@ -207,6 +216,7 @@ mod tests {
         m.record_request(&h);
         let s = m.stats(gauges(), "none");
         assert_eq!(s.requests, 1);
+        assert_eq!((s.queued_total, s.queue_wait_seconds_total), (5, 6.0));
         assert_eq!(
             s.last_headers.get("x-route").map(String::as_str),
             Some("a, b")
