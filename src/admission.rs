@@ -23,7 +23,6 @@ use prometheus::IntGauge;
 use tokio::sync::oneshot;
 
 use feedback::Feedback;
-pub use feedback::REPORT_TTL;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Class {
