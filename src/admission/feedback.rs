@@ -13,8 +13,10 @@
 //!   `max_num_seqs`) would cut nothing; a queue of other clients cuts much.
 //!   If every replica cuts alike, together they send `max_num_seqs`.
 //! - the backend reports nothing waiting while this replica is using every
-//!   slot it allows itself and has requests queued: one slot more (additive
-//!   increase), so a busy replica borrows what idle ones leave unused.
+//!   slot it allows itself and has requests queued: one slot more, at most
+//!   once per [`GROW_EVERY`] (additive increase), so a busy replica borrows
+//!   what idle ones leave unused, without all replicas overshooting at once
+//!   on the same burst of reports.
 //! - no report for [`REPORT_TTL`]: the information is stale, back to the
 //!   static share.
 //!
@@ -24,6 +26,8 @@ use std::time::{Duration, Instant};
 
 /// How long a report steers the limit.
 pub const REPORT_TTL: Duration = Duration::from_secs(2);
+/// The least time between a change of the limit and a rise.
+pub const GROW_EVERY: Duration = Duration::from_millis(200);
 
 #[derive(Debug, Clone)]
 pub struct Feedback {
@@ -31,6 +35,7 @@ pub struct Feedback {
     ceiling: usize,
     limit: usize,
     last_report: Option<Instant>,
+    last_change: Option<Instant>,
 }
 
 impl Feedback {
@@ -43,6 +48,7 @@ impl Feedback {
             ceiling: ceiling.max(share),
             limit: share,
             last_report: None,
+            last_change: None,
         }
     }
 
@@ -68,11 +74,20 @@ impl Feedback {
             self.limit = self.share;
         }
         self.last_report = Some(now);
-        if waiting > 0 {
+        let settled = self
+            .last_change
+            .is_none_or(|t| now.saturating_duration_since(t) >= GROW_EVERY);
+        let limit = if waiting > 0 {
             let keep = inflight.saturating_mul(self.ceiling) / self.ceiling.saturating_add(waiting);
-            self.limit = self.limit.min(keep.max(1));
-        } else if inflight >= self.limit && queued > 0 {
-            self.limit = (self.limit + 1).min(self.ceiling);
+            self.limit.min(keep.max(1))
+        } else if inflight >= self.limit && queued > 0 && settled {
+            (self.limit + 1).min(self.ceiling)
+        } else {
+            self.limit
+        };
+        if limit != self.limit {
+            self.limit = limit;
+            self.last_change = Some(now);
         }
     }
 }
@@ -115,16 +130,18 @@ mod tests {
         let t = Instant::now();
         // 3 replicas each at 8 on a backend of 12: 24 sent, 12 waiting.
         let mut f = Feedback::new(4, 12);
+        let mut now = t;
         for _ in 0..4 {
-            f.on_report(0, f.limit(t), 1, t);
+            f.on_report(0, f.limit(now), 1, now);
+            now += GROW_EVERY;
         }
-        assert_eq!(f.limit(t), 8);
-        f.on_report(12, 8, 3, t);
-        assert_eq!(f.limit(t), 4, "8 * 12 / 24");
+        assert_eq!(f.limit(now), 8);
+        f.on_report(12, 8, 3, now);
+        assert_eq!(f.limit(now), 4, "8 * 12 / 24");
         // Later reports of the same drain, all replicas over their limit:
         // 2 finished here (6 left), 6 more finished elsewhere (6 waiting).
-        f.on_report(6, 6, 3, t + S);
-        assert_eq!(f.limit(t + S), 4, "6 * 12 / 18: no compounding cut");
+        f.on_report(6, 6, 3, now + S);
+        assert_eq!(f.limit(now + S), 4, "6 * 12 / 18: no compounding cut");
     }
 
     #[test]
@@ -135,10 +152,24 @@ mod tests {
         f.on_report(0, 1, 5, t);
         f.on_report(0, 2, 0, t);
         assert_eq!(f.limit(t), 2);
-        for want in [3, 4, 4] {
-            f.on_report(0, f.limit(t), 1, t);
-            assert_eq!(f.limit(t), want);
+        f.on_report(0, 2, 1, t);
+        assert_eq!(f.limit(t), 3);
+        // Not again before GROW_EVERY.
+        f.on_report(0, 3, 1, t + GROW_EVERY - S);
+        assert_eq!(f.limit(t), 3);
+        for (i, want) in [(1, 4), (2, 4)] {
+            let now = t + GROW_EVERY * i;
+            f.on_report(0, f.limit(now), 1, now);
+            assert_eq!(f.limit(now), want);
         }
+        // A cut also waits GROW_EVERY before the next rise.
+        let now = t + GROW_EVERY * 3;
+        f.on_report(4, 4, 1, now);
+        assert_eq!(f.limit(now), 2, "4 * 4 / 8");
+        f.on_report(0, 2, 1, now + S);
+        assert_eq!(f.limit(now), 2);
+        f.on_report(0, 2, 1, now + GROW_EVERY);
+        assert_eq!(f.limit(now), 3);
     }
 
     #[test]
