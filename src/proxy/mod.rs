@@ -339,7 +339,7 @@ impl ProxyHttp for Gateway {
             // The gateway's copy goes upstream in one piece, whatever the
             // client's framing (chunked) or length (before a rewrite).
             upstream.remove_header(&http::header::TRANSFER_ENCODING);
-            upstream.insert_header(http::header::CONTENT_LENGTH, body.len().to_string())?;
+            upstream.insert_header(http::header::CONTENT_LENGTH, HeaderValue::from(body.len()))?;
         }
         headers::rewrite_upstream(upstream, ctx.warmup, self.config.warmup.vllm_priority)?;
         // The client's credentials are for the gateway, not for vLLM.
@@ -440,7 +440,8 @@ impl ProxyHttp for Gateway {
         }
         if let Some(a) = &ctx.attempt {
             response.insert_header("X-Poimen-Backend", a.candidate.addr.to_string())?;
-            response.insert_header("X-Poimen-Route", a.candidate.route.as_str())?;
+            let route = HeaderValue::from_static(a.candidate.route.as_str());
+            response.insert_header("X-Poimen-Route", route)?;
         }
         Ok(())
     }

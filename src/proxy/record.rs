@@ -13,16 +13,16 @@ impl Gateway {
             return; // no model: a local answer or a bad request
         };
         // 499 (nginx's word for it): the client left before any answer.
-        let status = session
-            .response_written()
-            .map_or(499, |r| r.status.as_u16());
+        let status = session.response_written().map(|r| r.status);
+        let status_code = status.as_ref().map_or("499", |s| s.as_str());
+        let status = status.map_or(499, |s| s.as_u16());
         let candidate = ctx.attempt.as_ref().map(|a| a.candidate);
         let backend = candidate.map_or_else(|| "none".to_string(), |c| c.addr.to_string());
         let route = candidate.map_or("none", |c| c.route.as_str());
         let model = pool.name.as_str();
         let duration = ctx.started.map(|t| t.elapsed()).unwrap_or_default();
         metrics::REQUESTS
-            .with_label_values(&[model, &backend, route, &status.to_string()])
+            .with_label_values(&[model, &backend, route, status_code])
             .inc();
         metrics::REQUEST_DURATION
             .with_label_values(&[model])
