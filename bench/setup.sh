@@ -8,7 +8,8 @@
 #           puts it elsewhere), pinned: vllm-router 0.1.17 and sglang-router
 #           0.3.2, the LLM routers bench/overhead compares the gateway with
 #           (Debian: python3-venv when Python's venv module lacks ensurepip)
-# With --profile also: linux-perf, strace, curl (for bench/overhead/profile.py only).
+# With --profile also: linux-perf, strace, curl, heaptrack (for
+# bench/overhead/profile.py and allocs.py only).
 # The gateway itself needs what scripts/setup.sh installs (cmake, a C toolchain).
 # Installing nginx does not start the distribution's nginx service when
 # policy-rc.d forbids it (containers); if it did start one, nothing here uses
@@ -27,6 +28,7 @@ if [ "${1:-}" = "--profile" ]; then
   command -v perf >/dev/null || need+=(linux-perf)
   command -v strace >/dev/null || need+=(strace)
   command -v curl >/dev/null || need+=(curl)
+  command -v heaptrack >/dev/null || need+=(heaptrack)
 fi
 if [ ${#need[@]} -gt 0 ]; then
   $sudo apt-get update -qq
