@@ -79,17 +79,25 @@ fn is_loopback(host: &str) -> bool {
         || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
-/// Fetches a JWKS URL; a new connection each time (a fetch every few
+/// Fetches a JWKS URL, a new connection each time (a fetch every few
 /// minutes gains nothing from a pool).
 pub struct HttpFetcher {
     url: JwksUrl,
-    /// Trust for `https`, instead of the system's store.
-    ca_file: Option<String>,
+    /// Built once: loading the system's trust store takes a while (100 ms
+    /// in a debug build), which a request waiting for a refetch would pay.
+    connector: Connector,
 }
 
 impl HttpFetcher {
+    /// `ca_file`, if any, must hold CA certificates (the configuration
+    /// checks it: Pingora's connector panics on a bad one).
     pub fn new(url: JwksUrl, ca_file: Option<String>) -> Self {
-        HttpFetcher { url, ca_file }
+        let mut options = ConnectorOptions::new(0);
+        options.ca_file = ca_file;
+        HttpFetcher {
+            url,
+            connector: Connector::new(Some(options)),
+        }
     }
 
     async fn get(&self) -> pingora::Result<(u16, BytesMut)> {
@@ -103,10 +111,7 @@ impl HttpFetcher {
         let mut peer = HttpPeer::new(addr, url.tls, url.host.clone());
         peer.options.connection_timeout = Some(FETCH_TIMEOUT);
         peer.options.read_timeout = Some(FETCH_TIMEOUT);
-        let mut options = ConnectorOptions::new(0);
-        options.ca_file = self.ca_file.clone();
-        let connector = Connector::new(Some(options));
-        let (mut session, _) = connector.get_http_session(&peer).await?;
+        let (mut session, _) = self.connector.get_http_session(&peer).await?;
         let mut req = RequestHeader::build("GET", url.path.as_bytes(), None)?;
         req.insert_header(http::header::HOST, &url.authority)?;
         req.insert_header(http::header::ACCEPT, "application/json")?;
