@@ -392,6 +392,36 @@ async fn without_its_keys_the_gateway_does_not_start() {
         "{stderr}"
     );
 
+    // Started for real, it exits too (waited for with a deadline: a
+    // regression must fail the test, not hang it).
+    let dir = temp_dir();
+    let path = dir.join("gateway.yaml");
+    std::fs::write(&path, yaml(&url, "[RS256]")).unwrap();
+    let mut child = std::process::Command::new(crate::support::gateway::BIN)
+        .arg("-c")
+        .arg(&path)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the gateway started without its keys");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert_eq!(status.code(), Some(2));
+    assert!(
+        stderr.contains(&format!("gateway.auth.jwt: {url}: ")),
+        "{stderr}"
+    );
+
     let idp = provider(&[&TestKey::ec("ec-1")]).await;
     let out = check_config(&yaml(&format!("http://{}/jwks/", idp.addr), "[ES256]"));
     let stdout = String::from_utf8_lossy(&out.stdout);
