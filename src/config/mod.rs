@@ -429,13 +429,14 @@ fn validate_jwt(j: JwtFile) -> Result<JwtConfig, ConfigError> {
                 ),
             }
         }
-        _ => {
+        (Some(_), Some(url)) => {
             return Err(invalid(
-                at,
-                &j.issuer,
+                format!("{at}.jwks_url"),
+                &url,
                 "set either `jwks_file` or `jwks_url`, not both",
             ))
         }
+        (None, None) => return Err(invalid(at, "(no keys)", "needs `jwks_file` or `jwks_url`")),
     };
     Ok(JwtConfig {
         policy: jwt::Policy {

@@ -424,7 +424,10 @@ fn jwt_settings_are_checked() {
             format!("audience: a, {url}, jwks_file: x"),
             "not both".into(),
         ),
-        ("audience: a".into(), "not both".into()),
+        (
+            "audience: a".into(),
+            "needs `jwks_file` or `jwks_url`".into(),
+        ),
         (
             "audience: a, jwks_url: \"http://idp.test/jwks/\"".into(),
             "plain http:// is allowed only to a loopback host".into(),
