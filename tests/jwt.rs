@@ -432,6 +432,18 @@ async fn without_its_keys_the_gateway_does_not_start() {
     );
     assert!(stdout.contains("JWKS: 1 keys"), "{stdout}");
 
+    // https to a server that speaks plain HTTP: the handshake fails, there
+    // is no falling back to http.
+    let https = format!("https://{}/jwks/", idp.addr);
+    let out = check_config(&yaml(&https, "[ES256]"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains(&format!("gateway.auth.jwt: {https}: ")),
+        "{stderr}"
+    );
+    assert!(stderr.contains("TLS"), "{stderr}");
+
     for (url, algs, want) in [
         (
             "http://auth.example.org/jwks/",
