@@ -262,10 +262,20 @@ impl Jwks {
     /// another request already did (the keys changed since `seen`) or the
     /// last such fetch was under `REFETCH_INTERVAL` ago. The keys in force
     /// after.
-    pub async fn refetch(&self, seen: &Arc<KeySet>) -> Arc<KeySet> {
+    pub async fn refetch(self: &Arc<Self>, seen: &Arc<KeySet>) -> Arc<KeySet> {
         if self.fetcher.is_none() {
             return self.current();
         }
+        // A task of its own: a client that leaves mid-fetch must not cancel
+        // the fetch (nor free the lock) the requests behind it wait for.
+        let (jwks, seen) = (self.clone(), seen.clone());
+        match tokio::spawn(async move { jwks.refetch_unless_done(&seen).await }).await {
+            Ok(keys) => keys,
+            Err(_) => self.current(),
+        }
+    }
+
+    async fn refetch_unless_done(&self, seen: &Arc<KeySet>) -> Arc<KeySet> {
         let mut last = self.last_refetch.lock().await;
         let now = self.current();
         if !Arc::ptr_eq(&now, seen) || last.is_some_and(|t| t.elapsed() < REFETCH_INTERVAL) {

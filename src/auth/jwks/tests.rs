@@ -137,6 +137,23 @@ async fn unknown_keys_refetch_once_per_interval_and_single_flight() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_client_leaving_mid_refetch_does_not_cancel_it() {
+    let (old, new) = (TestKey::ed("old"), TestKey::ed("new"));
+    let p = provider(&[&old], Duration::from_millis(100));
+    let jwks = Arc::new(Jwks::fetched(Box::new(p.clone())).await.unwrap());
+    let verifier = Arc::new(Verifier::new(jwt::tests::policy(), jwks.clone()));
+    *p.jwks.lock().unwrap() = Ok(test_keys::jwks(&[&new]));
+    let token = new.sign(&claims());
+    let (v, t) = (verifier.clone(), token.clone());
+    let leaving = tokio::spawn(async move { v.verify(&t).await });
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    leaving.abort();
+    // The next request waits for the same fetch and is accepted.
+    assert_eq!(verifier.verify(&token).await, Ok(()));
+    assert_eq!(p.fetches(), 2);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_failed_refresh_keeps_the_last_good_keys() {
     let key = TestKey::ed("ed");
     let p = provider(&[&key], Duration::ZERO);
@@ -174,7 +191,9 @@ async fn a_start_up_failure_names_the_source() {
 #[tokio::test]
 async fn keys_from_a_file_are_never_refetched() {
     let key = TestKey::ec("k");
-    let jwks = Jwks::fixed(KeySet::parse(&test_keys::jwks(&[&key])).unwrap());
+    let jwks = Arc::new(Jwks::fixed(
+        KeySet::parse(&test_keys::jwks(&[&key])).unwrap(),
+    ));
     let seen = jwks.current();
     assert!(Arc::ptr_eq(&jwks.refetch(&seen).await, &seen));
     assert!(Arc::ptr_eq(&jwks.refresh().await, &seen));
