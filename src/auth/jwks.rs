@@ -107,12 +107,9 @@ impl KeySet {
         Ok(KeySet { keys })
     }
 
-    pub fn len(&self) -> usize {
+    /// How many verification keys the set holds.
+    pub fn count(&self) -> usize {
         self.keys.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.keys.is_empty()
     }
 
     /// The key that verifies a token of `alg` with this `kid`; without a
@@ -237,7 +234,7 @@ impl Jwks {
         match load(&**fetcher).await {
             Ok(keys) => {
                 if self.failing.swap(false, Ordering::Relaxed) {
-                    info!(event = "jwks_refreshed", url = fetcher.source(), keys = keys.len(); "JWKS fetched again");
+                    info!(event = "jwks_refreshed", url = fetcher.source(), keys = keys.count(); "JWKS fetched again");
                 }
                 let keys = Arc::new(keys);
                 *self.keys.write().unwrap_or_else(|e| e.into_inner()) = keys.clone();

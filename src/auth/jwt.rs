@@ -124,7 +124,7 @@ impl Verifier {
 
     /// How many keys are in force.
     pub fn keys(&self) -> usize {
-        self.jwks.current().len()
+        self.jwks.current().count()
     }
 
     /// Verify `token`; a key not (yet) in the set triggers a refetch of the

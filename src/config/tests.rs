@@ -382,7 +382,7 @@ fn jwt_settings_are_checked() {
     assert_eq!(j.policy.audience, ["a"]);
     assert_eq!(j.policy.algorithms, [jsonwebtoken::Algorithm::RS256]);
     assert_eq!(j.policy.leeway_secs, 30);
-    assert!(matches!(j.jwks, JwksSource::File(k) if k.len() == 1));
+    assert!(matches!(j.jwks, JwksSource::File(k) if k.count() == 1));
     let c = GatewayConfig::from_yaml(&jwt(
         "audience: [a, b], jwks_url: \"https://idp.test/application/o/p/jwks/\", algorithms: [ES256, EdDSA], leeway_secs: 0",
     ))
