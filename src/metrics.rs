@@ -93,6 +93,34 @@ pub static LOG_LINES_DROPPED: LazyLock<IntCounter> = LazyLock::new(|| {
     )
 });
 
+/// Requests refused with 401, by `auth::Reason` (a fixed set of labels).
+pub static AUTH_FAILURES: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter_vec(
+        "poimen_gateway_auth_failures_total",
+        "Requests refused with 401, by reason (missing, malformed, bad_signature, expired, \
+         not_yet_valid, issuer, audience, unknown_key, algorithm)",
+        &["reason"],
+    )
+});
+
+pub static JWKS_REFRESH_FAILURES: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "poimen_gateway_jwks_refresh_failures_total",
+        "JWKS fetches (periodic or for an unknown key) that failed; the last good keys stay in force",
+    )
+});
+
+/// Create the authentication series at zero, so an alert on a rate sees
+/// the first failure.
+pub fn init_auth(jwks_url: bool) {
+    for reason in crate::auth::Reason::ALL {
+        AUTH_FAILURES.with_label_values(&[reason.as_str()]);
+    }
+    if jwks_url {
+        LazyLock::force(&JWKS_REFRESH_FAILURES);
+    }
+}
+
 /// CAG-3 AC7: prompt tokens vLLM served from its prefix cache.
 pub static PREFIX_CACHE_HIT_TOKENS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     counter_vec(

@@ -11,6 +11,7 @@ mod config_check;
 mod explain;
 mod failover;
 mod fuzz;
+mod jwt;
 mod logging;
 mod operations;
 mod reload;

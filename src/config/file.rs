@@ -37,7 +37,7 @@ pub struct GatewayFile {
     pub read_timeout_ms: u64,
     /// Optional active health checks (see `health.rs`).
     pub health_check: Option<HealthCheckFile>,
-    /// Optional API keys.
+    /// Optional API keys and JWT bearer tokens.
     #[serde(default)]
     pub auth: AuthFile,
     #[serde(default)]
@@ -76,6 +76,39 @@ pub struct AuthFile {
     /// Sent upstream as `Authorization: Bearer <key>` (vLLM's `--api-key`).
     /// Default: the client's Authorization is removed.
     pub upstream_api_key: Option<String>,
+    /// JWT bearer tokens from an OIDC provider. When set (with or without
+    /// `api_keys_file`), requests need a valid token or key. Default: none.
+    pub jwt: Option<JwtFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JwtFile {
+    /// The `iss` a token must carry. Required.
+    pub issuer: String,
+    /// One of these must be in the token's `aud`: a string or a list.
+    /// Required.
+    pub audience: OneOrMany,
+    /// The provider's keys, read at start (and so on reload). Either this
+    /// or `jwks_url`.
+    pub jwks_file: Option<String>,
+    /// The provider's keys, fetched at start, every `jwks_refresh_secs`,
+    /// and when a token names an unknown key. `https://`, or `http://` to a
+    /// loopback host only.
+    pub jwks_url: Option<String>,
+    /// CA certificates (PEM) that `jwks_url` is verified against instead of
+    /// the system's store. Default: the system's store.
+    pub ca_file: Option<String>,
+    /// Accepted `alg`s: RS256/384/512, PS256/384/512, ES256, ES384, EdDSA
+    /// (never HMAC or `none`). Default [RS256].
+    #[serde(default = "default_jwt_algorithms")]
+    pub algorithms: Vec<String>,
+    /// Clock skew allowed on `exp` and `nbf`. Default 30.
+    #[serde(default = "default_leeway_secs")]
+    pub leeway_secs: u64,
+    /// How often `jwks_url` is fetched. Default 300.
+    #[serde(default = "default_jwks_refresh_secs")]
+    pub jwks_refresh_secs: u64,
 }
 
 /// Per-backend admission (CAG-2). The environment overrides these.
@@ -220,6 +253,15 @@ pub struct WeightedAddressFile {
     pub weight: u64,
 }
 
+fn default_jwt_algorithms() -> Vec<String> {
+    vec!["RS256".into()]
+}
+fn default_leeway_secs() -> u64 {
+    30
+}
+fn default_jwks_refresh_secs() -> u64 {
+    300
+}
 fn default_listen() -> OneOrMany {
     OneOrMany::One("0.0.0.0:8080".into())
 }

@@ -16,13 +16,15 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::admission::Limits;
-use crate::auth::ApiKeys;
+use crate::auth::fetch::JwksUrl;
+use crate::auth::jwks::KeySet;
+use crate::auth::{jwt, ApiKeys};
 use crate::routing::prefix::Head;
 use crate::routing::{Keyless, Policy};
 pub use file::Overflow;
 use file::{
-    AddressFile, AuthFile, GatewayFile, HealthCheckFile, KeylessFile, ModelFile, OneOrMany,
-    RoutingFile,
+    AddressFile, AuthFile, GatewayFile, HealthCheckFile, JwtFile, KeylessFile, ModelFile,
+    OneOrMany, RoutingFile,
 };
 
 /// The validated gateway configuration.
@@ -35,14 +37,35 @@ pub struct GatewayConfig {
     pub connect_timeout: Duration,
     pub read_timeout: Duration,
     pub health_check: Option<HealthCheckConfig>,
-    /// Keys clients must present; none: no authentication.
+    /// Keys clients may present; with `jwt` none: no authentication.
     pub api_keys: Option<ApiKeys>,
+    /// JWT bearer tokens clients may present.
+    pub jwt: Option<JwtConfig>,
     pub upstream_api_key: Option<String>,
     pub stream_usage: bool,
     pub queue_timeout: Duration,
     pub overflow: Overflow,
     pub warmup: WarmupConfig,
     pub models: Vec<ModelConfig>,
+}
+
+#[derive(Debug, Clone)]
+pub struct JwtConfig {
+    pub policy: jwt::Policy,
+    pub jwks: JwksSource,
+}
+
+/// Where the JWT keys come from.
+#[derive(Debug, Clone)]
+pub enum JwksSource {
+    /// Read from `jwks_file` at start.
+    File(KeySet),
+    /// Fetched from `jwks_url` (at start by `main`, then in the background).
+    Url {
+        url: JwksUrl,
+        ca_file: Option<String>,
+        refresh: Duration,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -134,6 +157,8 @@ const HEALTH_INTERVAL_MS: Bound = Bound::new(100, 600_000);
 const HEALTH_TIMEOUT_MS: Bound = Bound::new(1, 60_000);
 const HEALTH_CONSECUTIVE_OK: Bound = Bound::new(1, 100);
 const KEYLESS_PREFIX_BYTES: Bound = Bound::new(1, 1 << 20);
+const LEEWAY_SECS: Bound = Bound::new(0, 600);
+const JWKS_REFRESH_SECS: Bound = Bound::new(1, 86_400);
 /// `balance_factor`: above 1 (1 would forbid any imbalance), at most 10.
 const BALANCE_FACTOR: (f64, f64) = (1.0, 10.0);
 
@@ -225,7 +250,7 @@ fn socket_addr(path: &str, value: &str) -> Result<SocketAddr, ConfigError> {
 
 fn validate(file: GatewayFile) -> Result<GatewayConfig, ConfigError> {
     let (listen, metrics_listen) = validate_listeners(file.listen, &file.metrics_listen)?;
-    let (api_keys, upstream_api_key) = validate_auth(file.auth)?;
+    let (api_keys, jwt, upstream_api_key) = validate_auth(file.auth)?;
     let sched = &file.scheduler;
     let default_limits = Limits {
         max_num_seqs: NUM_SEQS.check("gateway.scheduler.max_num_seqs", sched.max_num_seqs)?
@@ -253,6 +278,7 @@ fn validate(file: GatewayFile) -> Result<GatewayConfig, ConfigError> {
         read_timeout: ms(READ_TIMEOUT_MS.check("gateway.read_timeout_ms", file.read_timeout_ms)?),
         health_check: file.health_check.map(validate_health_check).transpose()?,
         api_keys,
+        jwt,
         upstream_api_key,
         stream_usage: file.stream_usage,
         queue_timeout: ms(
@@ -309,7 +335,9 @@ fn validate_listeners(
     Ok((listen, metrics_listen))
 }
 
-fn validate_auth(auth: AuthFile) -> Result<(Option<ApiKeys>, Option<String>), ConfigError> {
+type Auth = (Option<ApiKeys>, Option<JwtConfig>, Option<String>);
+
+fn validate_auth(auth: AuthFile) -> Result<Auth, ConfigError> {
     let at = "gateway.auth.api_keys_file";
     let api_keys = match &auth.api_keys_file {
         None => None,
@@ -329,7 +357,111 @@ fn validate_auth(auth: AuthFile) -> Result<(Option<ApiKeys>, Option<String>), Co
             ));
         }
     }
-    Ok((api_keys, auth.upstream_api_key))
+    let jwt = auth.jwt.map(validate_jwt).transpose()?;
+    Ok((api_keys, jwt, auth.upstream_api_key))
+}
+
+fn validate_jwt(j: JwtFile) -> Result<JwtConfig, ConfigError> {
+    let at = "gateway.auth.jwt";
+    if j.issuer.is_empty() {
+        return Err(invalid(
+            format!("{at}.issuer"),
+            &j.issuer,
+            "must not be empty",
+        ));
+    }
+    let audience = match j.audience {
+        OneOrMany::One(a) => vec![a],
+        OneOrMany::Many(list) => list,
+    };
+    if audience.is_empty() || audience.iter().any(String::is_empty) {
+        return Err(invalid(
+            format!("{at}.audience"),
+            &audience,
+            "needs at least one non-empty audience",
+        ));
+    }
+    if j.algorithms.is_empty() {
+        return Err(invalid(
+            format!("{at}.algorithms"),
+            "[]",
+            "needs at least one algorithm",
+        ));
+    }
+    let mut algorithms = Vec::new();
+    for (i, name) in j.algorithms.iter().enumerate() {
+        let alg = jwt::algorithm(name).ok_or_else(|| {
+            invalid(
+                format!("{at}.algorithms[{i}]"),
+                name,
+                "not one of RS256 RS384 RS512 PS256 PS384 PS512 ES256 ES384 EdDSA \
+                 (HMAC and none are refused: a shared secret is not a public key)",
+            )
+        })?;
+        algorithms.push(alg);
+    }
+    let jwks = match (j.jwks_file, j.jwks_url) {
+        (Some(_), None) if j.ca_file.is_some() => {
+            return Err(invalid(
+                format!("{at}.ca_file"),
+                &j.ca_file,
+                "applies only to `jwks_url`",
+            ))
+        }
+        (Some(path), None) => {
+            let at = format!("{at}.jwks_file");
+            let text = std::fs::read_to_string(&path)
+                .map_err(|e| invalid(&at, &path, &format!("cannot read: {e}")))?;
+            JwksSource::File(KeySet::parse(&text).map_err(|e| invalid(&at, &path, &e.to_string()))?)
+        }
+        (None, Some(url)) => {
+            let ca_file = j
+                .ca_file
+                .map(|path| validate_ca_file(&format!("{at}.ca_file"), path))
+                .transpose()?;
+            JwksSource::Url {
+                url: JwksUrl::parse(&url)
+                    .map_err(|e| invalid(format!("{at}.jwks_url"), &url, &e))?,
+                ca_file,
+                refresh: secs(
+                    JWKS_REFRESH_SECS
+                        .check(&format!("{at}.jwks_refresh_secs"), j.jwks_refresh_secs)?,
+                ),
+            }
+        }
+        (Some(_), Some(url)) => {
+            return Err(invalid(
+                format!("{at}.jwks_url"),
+                &url,
+                "set either `jwks_file` or `jwks_url`, not both",
+            ))
+        }
+        (None, None) => return Err(invalid(at, "(no keys)", "needs `jwks_file` or `jwks_url`")),
+    };
+    Ok(JwtConfig {
+        policy: jwt::Policy {
+            issuer: j.issuer,
+            audience,
+            algorithms,
+            leeway_secs: LEEWAY_SECS.check(&format!("{at}.leeway_secs"), j.leeway_secs)?,
+        },
+        jwks,
+    })
+}
+
+/// A PEM file with at least one CA certificate, loaded as Pingora's
+/// connector will load it (which panics on a bad file).
+fn validate_ca_file(at: &str, path: String) -> Result<String, ConfigError> {
+    let mut store = pingora::tls::RootCertStore::empty();
+    match pingora::tls::load_ca_file_into_store(&path, &mut store) {
+        Err(e) => Err(invalid(
+            at,
+            &path,
+            &format!("not a PEM file of CA certificates: {e}"),
+        )),
+        Ok(()) if store.is_empty() => Err(invalid(at, &path, "holds no certificate")),
+        Ok(()) => Ok(path),
+    }
 }
 
 fn validate_routing(at: &str, r: &RoutingFile) -> Result<Policy, ConfigError> {

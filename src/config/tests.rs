@@ -268,7 +268,7 @@ fn health_check_auth_and_read_timeout() {
         keys.display()
     ))
     .unwrap();
-    assert!(c.api_keys.unwrap().allows(Some(b"Bearer k1")));
+    assert!(c.api_keys.unwrap().contains(b"k1"));
     std::fs::write(&keys, "# none\n").unwrap();
     for (extra, want) in [
         (
@@ -361,4 +361,100 @@ gateway:
         got.contains("gateway.models[0].balance_factor = 0.5"),
         "{got}"
     );
+}
+
+#[test]
+fn jwt_settings_are_checked() {
+    let dir = std::env::temp_dir().join(format!("poimen-jwt-config-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let jwks = dir.join("jwks.json");
+    let key = crate::auth::test_keys::TestKey::ec("ec-1");
+    std::fs::write(&jwks, crate::auth::test_keys::jwks(&[&key])).unwrap();
+    let jwt =
+        |keys: &str| format!("{MINIMAL}  auth:\n    jwt: {{issuer: \"https://i/\", {keys}}}\n");
+
+    let c = GatewayConfig::from_yaml(&jwt(&format!(
+        "audience: a, jwks_file: \"{}\"",
+        jwks.display()
+    )))
+    .unwrap();
+    let j = c.jwt.unwrap();
+    assert_eq!(j.policy.audience, ["a"]);
+    assert_eq!(j.policy.algorithms, [jsonwebtoken::Algorithm::RS256]);
+    assert_eq!(j.policy.leeway_secs, 30);
+    assert!(matches!(j.jwks, JwksSource::File(k) if k.count() == 1));
+    let c = GatewayConfig::from_yaml(&jwt(
+        "audience: [a, b], jwks_url: \"https://idp.test/application/o/p/jwks/\", algorithms: [ES256, EdDSA], leeway_secs: 0",
+    ))
+    .unwrap();
+    let j = c.jwt.unwrap();
+    assert_eq!(j.policy.audience, ["a", "b"]);
+    assert!(
+        matches!(j.jwks, JwksSource::Url { refresh, ca_file: None, .. } if refresh == Duration::from_secs(300))
+    );
+
+    let url = "jwks_url: \"https://idp.test/jwks/\"";
+    for (keys, want) in [
+        (url.to_string(), "missing field `audience`".to_string()),
+        (
+            format!("audience: [], {url}"),
+            "gateway.auth.jwt.audience = []".into(),
+        ),
+        (
+            format!("audience: a, {url}, algorithms: [RS256, HS256]"),
+            "gateway.auth.jwt.algorithms[1] = \"HS256\"".into(),
+        ),
+        (
+            format!("audience: a, {url}, algorithms: []"),
+            "gateway.auth.jwt.algorithms".into(),
+        ),
+        (
+            format!("audience: a, {url}, leeway_secs: 3600"),
+            "gateway.auth.jwt.leeway_secs = 3600".into(),
+        ),
+        (
+            format!("audience: a, {url}, jwks_refresh_secs: 0"),
+            "gateway.auth.jwt.jwks_refresh_secs = 0".into(),
+        ),
+        (
+            format!("audience: a, {url}, ca_file: /nonexistent.pem"),
+            "gateway.auth.jwt.ca_file = \"/nonexistent.pem\"".into(),
+        ),
+        (
+            format!("audience: a, {url}, jwks_file: x"),
+            "not both".into(),
+        ),
+        (
+            "audience: a".into(),
+            "needs `jwks_file` or `jwks_url`".into(),
+        ),
+        (
+            "audience: a, jwks_url: \"http://idp.test/jwks/\"".into(),
+            "plain http:// is allowed only to a loopback host".into(),
+        ),
+        (
+            "audience: a, jwks_file: /nonexistent.json".into(),
+            "gateway.auth.jwt.jwks_file = \"/nonexistent.json\": cannot read".into(),
+        ),
+        (
+            format!(
+                "audience: a, jwks_file: \"{}\", ca_file: x.pem",
+                jwks.display()
+            ),
+            "gateway.auth.jwt.ca_file".into(),
+        ),
+        (
+            format!("audience: a, {url}, tenant: x"),
+            "unknown field `tenant`".into(),
+        ),
+    ] {
+        let e = err(&jwt(&keys));
+        assert!(e.contains(&want), "{keys}: {e}");
+    }
+    std::fs::write(&jwks, r#"{"keys": [{"kty": "oct", "k": "c2VjcmV0"}]}"#).unwrap();
+    let e = err(&jwt(&format!(
+        "audience: a, jwks_file: \"{}\"",
+        jwks.display()
+    )));
+    assert!(e.contains("no usable signing key"), "{e}");
 }

@@ -39,8 +39,9 @@ use pingora::ErrorType;
 
 use crate::accounting::Tracker;
 use crate::admission::Permit;
+use crate::auth::{self, jwt::Verifier, Reason};
 use crate::body;
-use crate::config::GatewayConfig;
+use crate::config::{GatewayConfig, JwksSource};
 use crate::errors::{self, ApiError};
 use crate::metrics;
 use crate::pool::ModelPool;
@@ -53,6 +54,8 @@ use respond::{respond, respond_json, Stop};
 pub struct Gateway {
     config: Arc<GatewayConfig>,
     pools: HashMap<String, Arc<ModelPool>>,
+    /// JWT verification, when `auth.jwt` is configured.
+    jwt: Option<Verifier>,
     /// Unix time of start, the `created` of `/v1/models` entries.
     started: u64,
 }
@@ -129,8 +132,12 @@ impl RequestCtx {
 }
 
 impl Gateway {
-    /// The gateway, and the health-check services to run beside it.
-    pub fn new(config: GatewayConfig) -> (Self, Vec<(String, HealthCheckService)>) {
+    /// The gateway, and the health-check services to run beside it. `jwt`
+    /// verifies tokens when `config.jwt` is set (its keys already loaded).
+    pub fn new(
+        config: GatewayConfig,
+        jwt: Option<Verifier>,
+    ) -> (Self, Vec<(String, HealthCheckService)>) {
         let mut services = Vec::new();
         let mut pools = HashMap::new();
         for m in &config.models {
@@ -148,12 +155,35 @@ impl Gateway {
                 .map(|p| (p.name.clone(), p.exclusions().clone()))
                 .collect(),
         );
+        if config.api_keys.is_some() || jwt.is_some() {
+            let fetched = config
+                .jwt
+                .as_ref()
+                .is_some_and(|j| matches!(j.jwks, JwksSource::Url { .. }));
+            metrics::init_auth(fetched);
+        }
         let gateway = Gateway {
             config: Arc::new(config),
             pools,
+            jwt,
             started,
         };
         (gateway, services)
+    }
+
+    /// Whether the request's credential is good (or none is required).
+    async fn authenticate(&self, req: &RequestHeader) -> Result<(), Reason> {
+        let api_keys = self.config.api_keys.as_ref();
+        if api_keys.is_none() && self.jwt.is_none() {
+            return Ok(());
+        }
+        let authorization = req.headers.get(http::header::AUTHORIZATION);
+        auth::authenticate(
+            api_keys,
+            self.jwt.as_ref(),
+            authorization.map(|v| v.as_bytes()),
+        )
+        .await
     }
 
     /// Pools in configuration order.
@@ -252,14 +282,19 @@ impl ProxyHttp for Gateway {
         ctx.started = Some(Instant::now());
         let req = session.req_header();
         let endpoint = endpoints::classify(&req.method, req.uri.path());
-        if let (Some(keys), false) = (&self.config.api_keys, endpoint == Endpoint::Health) {
+        if endpoint != Endpoint::Health {
             // Before anything is read or queued.
-            let authorization = req.headers.get(http::header::AUTHORIZATION);
-            if !keys.allows(authorization.map(|v| v.as_bytes())) {
-                respond(session, ApiError::Unauthorized.response()).await;
+            if let Err(reason) = self.authenticate(req).await {
+                metrics::AUTH_FAILURES
+                    .with_label_values(&[reason.as_str()])
+                    .inc();
+                // The reason only: never the credential.
+                debug!(event = "auth_failed", reason = reason.as_str(); "");
+                respond(session, ApiError::Unauthorized(reason).response()).await;
                 return Ok(true);
             }
         }
+        let req = session.req_header();
         match endpoint {
             Endpoint::Proxy => {}
             Endpoint::Health => {

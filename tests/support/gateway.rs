@@ -171,20 +171,26 @@ impl Gateway {
     /// Start with `gateway_keys` (YAML lines indented under `gateway:`, which
     /// must include `models:`); the listeners are added here.
     pub async fn start(gateway_keys: &str) -> Gateway {
-        Gateway::spawn(gateway_keys, None).await
+        Gateway::spawn(gateway_keys, None, "info").await
+    }
+
+    /// Like `start`, logging at `RUST_LOG=level`.
+    pub async fn start_logging(gateway_keys: &str, level: &str) -> Gateway {
+        Gateway::spawn(gateway_keys, None, level).await
     }
 
     /// Like `start`, but stderr is a pipe for the test to take
     /// (`take_stderr`) and read, or leave unread like a stalled journald.
     /// `stderr()` is then empty, and so is the log shown on failure.
     pub async fn start_with_stderr_pipe(gateway_keys: &str) -> Gateway {
-        Gateway::spawn(gateway_keys, Some(Stdio::piped())).await
+        Gateway::spawn(gateway_keys, Some(Stdio::piped()), "info").await
     }
 
-    async fn spawn(gateway_keys: &str, stderr: Option<Stdio>) -> Gateway {
+    async fn spawn(gateway_keys: &str, stderr: Option<Stdio>, log_level: &str) -> Gateway {
         let conf = Conf::new(1);
         conf.write(gateway_keys);
         let mut command = conf.command(&[]);
+        command.env("RUST_LOG", log_level);
         if let Some(stderr) = stderr {
             command.stderr(stderr);
         }

@@ -5,6 +5,9 @@ pub mod backend;
 pub mod gateway;
 pub mod metrics;
 pub mod ports;
+/// The unit tests' key maker, shared.
+#[path = "../../src/auth/test_keys.rs"]
+pub mod test_keys;
 
 pub use backend::{FakeBackend, Reply};
 pub use gateway::Gateway;
