@@ -16,3 +16,4 @@ mod operations;
 mod reload;
 mod routing;
 mod streaming;
+mod tls;
