@@ -1,5 +1,5 @@
 //! TLS: the client listener (beside a plain one; TLS 1.2 and 1.3 only;
-//! HTTP/1.1 by ALPN), `-t` on bad TLS files, backends over TLS verified
+//! HTTP/2 or HTTP/1.1 by ALPN), `-t` on bad TLS files, backends over TLS verified
 //! against `upstream_tls.ca_file` (and excluded, with the reason logged, when
 //! they fail verification), and a certificate swapped by a graceful upgrade
 //! under load. Every certificate is made by the test (`support::certs`).
@@ -19,7 +19,7 @@ use tokio_rustls::TlsConnector;
 use crate::support::certs::TestCa;
 use crate::support::daemons::{upgrade, Daemons};
 use crate::support::gateway::{alive, check_config, one_model, temp_dir, Conf, Gateway, TLS_IP};
-use crate::support::{chat, chat_body, eventually, header, key_owned_by, FakeBackend};
+use crate::support::{chat, chat_body, eventually, header, key_owned_by, FakeBackend, Reply};
 
 /// A gateway with `gateway_keys` and a TLS listener whose certificate `ca`
 /// issued for `TLS_IP`.
@@ -44,7 +44,10 @@ async fn tls_listener_serves_a_completion_beside_the_plain_one() {
     let backend = FakeBackend::start().await;
     let gw = tls_gateway(&ca, &one_model("m", &[backend.addr])).await;
     let resp = ca
-        .reqwest_client(false)
+        .client_builder()
+        .http1_only()
+        .build()
+        .unwrap()
         .post(https(gw.tls_addr.unwrap(), "/v1/chat/completions"))
         .header("content-type", "application/json")
         .body(chat_body("m", "over tls"))
@@ -61,6 +64,64 @@ async fn tls_listener_serves_a_completion_beside_the_plain_one() {
     let seen = backend.seen();
     assert_eq!(seen.len(), 2);
     assert!(String::from_utf8_lossy(&seen[0].body).contains("over tls"));
+}
+
+#[tokio::test]
+async fn http2_by_alpn_carries_large_bodies_and_streams() {
+    let ca = TestCa::new("test CA");
+    let (backend, streamer) = (FakeBackend::start().await, FakeBackend::start().await);
+    let events: Vec<String> = (0..5).map(|i| format!("{{\"n\":{i}}}")).collect();
+    streamer.set_reply(Reply::sse(events, Duration::from_millis(20)));
+    let keys = format!(
+        "{}    - name: s\n      address: \"{}\"\n",
+        one_model("m", &[backend.addr]),
+        streamer.addr
+    );
+    let gw = tls_gateway(&ca, &keys).await;
+    let client = ca.client_builder().build().unwrap();
+    let url = https(gw.tls_addr.unwrap(), "/v1/chat/completions");
+    // 1 MiB, far beyond Pingora's 64 KiB retry buffer: the gateway reads it
+    // whole in request_filter and forwards its own copy.
+    let big = chat_body("m", &"x".repeat(1 << 20));
+    let resp = client.post(&url).body(big.clone()).send().await.unwrap();
+    assert_eq!(
+        (resp.status().as_u16(), resp.version()),
+        (200, http::Version::HTTP_2)
+    );
+    // The same body in 64 KiB DATA frames with no content-length.
+    let chunks: Vec<Result<Vec<u8>, std::io::Error>> = big
+        .as_bytes()
+        .chunks(64 << 10)
+        .map(|c| Ok(c.to_vec()))
+        .collect();
+    let body = reqwest::Body::wrap_stream(futures::stream::iter(chunks));
+    let resp = client.post(&url).body(body).send().await.unwrap();
+    assert_eq!(
+        (resp.status().as_u16(), resp.version()),
+        (200, http::Version::HTTP_2)
+    );
+    let seen = backend.seen();
+    assert_eq!(seen.len(), 2);
+    assert!(
+        seen.iter().all(|s| s.body == big.as_bytes()),
+        "a body arrived altered"
+    );
+    // A stream passes through to its end.
+    let resp = client
+        .post(&url)
+        .body(chat_body("s", "stream"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        (resp.status().as_u16(), resp.version()),
+        (200, http::Version::HTTP_2)
+    );
+    let text = resp.text().await.unwrap();
+    assert!(
+        text.contains("data: {\"n\":4}") && text.ends_with("data: [DONE]\n\n"),
+        "{text}"
+    );
 }
 
 /// A TLS 1.0 ClientHello, written out by hand: rustls cannot send one.
@@ -119,22 +180,30 @@ async fn answer_to(addr: SocketAddr, hello: &[u8]) -> Vec<u8> {
 }
 
 #[tokio::test]
-async fn only_tls_1_2_and_1_3_are_spoken_and_alpn_picks_http_1_1() {
+async fn only_tls_1_2_and_1_3_are_spoken_with_h2_or_http_1_1() {
     let ca = TestCa::new("test CA");
     let backend = FakeBackend::start().await;
     let gw = tls_gateway(&ca, &one_model("m", &[backend.addr])).await;
     let addr = gw.tls_addr.unwrap();
+    let connect = |version, alpn: &[&[u8]]| {
+        let mut config = ca.client_config(&[version]);
+        config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+        async move {
+            let tcp = TcpStream::connect(addr).await.unwrap();
+            TlsConnector::from(Arc::new(config))
+                .connect(ServerName::try_from(TLS_IP).unwrap(), tcp)
+                .await
+                .unwrap()
+        }
+    };
+    // A client offering both gets HTTP/2.
+    let h2 = connect(&rustls::version::TLS13, &[b"h2", b"http/1.1"]).await;
+    assert_eq!(h2.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
     for (version, want) in [
         (&rustls::version::TLS13, ProtocolVersion::TLSv1_3),
         (&rustls::version::TLS12, ProtocolVersion::TLSv1_2),
     ] {
-        let mut config = ca.client_config(&[version]);
-        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-        let tcp = TcpStream::connect(addr).await.unwrap();
-        let mut tls = TlsConnector::from(Arc::new(config))
-            .connect(ServerName::try_from(TLS_IP).unwrap(), tcp)
-            .await
-            .unwrap();
+        let mut tls = connect(version, &[b"http/1.1"]).await;
         let (_, session) = tls.get_ref();
         assert_eq!(session.protocol_version(), Some(want));
         assert_eq!(session.alpn_protocol(), Some(&b"http/1.1"[..]), "{want:?}");
@@ -330,12 +399,17 @@ struct Tally {
     closed_unread: Mutex<Vec<String>>,
     /// The certificates the responses came over, and how many each.
     certificates: Mutex<Vec<(Vec<u8>, usize)>>,
+    /// Responses over HTTP/2.
+    h2: AtomicUsize,
 }
 
 impl Tally {
     fn record(&self, result: Result<reqwest::Response, reqwest::Error>, who: &str, fresh: bool) {
         match result {
             Ok(resp) if resp.status() == 200 => {
+                if resp.version() == http::Version::HTTP_2 {
+                    self.h2.fetch_add(1, Ordering::Relaxed);
+                }
                 let cert = peer_certificate(&resp).unwrap_or_default();
                 let mut certs = self.certificates.lock().unwrap();
                 match certs.iter_mut().find(|(c, _)| *c == cert) {
@@ -384,14 +458,22 @@ async fn a_graceful_upgrade_under_load_swaps_the_certificate() {
     let listening = d.conf.listening(pid).await;
     let url = https(d.conf.tls_listening(pid), "/v1/chat/completions");
 
-    // Steady load over TLS: two workers on a fresh connection (and TLS
-    // handshake) per request, two on keep-alive connections.
+    // Steady load over TLS: workers on a fresh connection (and TLS
+    // handshake) per request and on keep-alive connections, over HTTP/2 and
+    // over HTTP/1.1.
     let tally = Arc::new(Tally::default());
     let stop = Arc::new(AtomicBool::new(false));
     let workers: Vec<_> = (0..4)
         .map(|w| {
             let fresh = w % 2 == 0;
-            let client = ca.reqwest_client(fresh);
+            let mut client = ca.client_builder();
+            if fresh {
+                client = client.pool_max_idle_per_host(0);
+            }
+            if w >= 2 {
+                client = client.http1_only();
+            }
+            let client = client.build().unwrap();
             let (tally, stop, url) = (tally.clone(), stop.clone(), url.clone());
             tokio::spawn(async move {
                 while !stop.load(Ordering::Relaxed) {
@@ -420,7 +502,11 @@ async fn a_graceful_upgrade_under_load_swaps_the_certificate() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let fresh = ca.reqwest_client(true);
+    let fresh = ca
+        .client_builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
     for _ in 0..5 {
         let resp = fresh
             .post(&url)
@@ -437,12 +523,15 @@ async fn a_graceful_upgrade_under_load_swaps_the_certificate() {
     for w in workers {
         w.await.unwrap();
     }
-    let ok = tally.ok.load(Ordering::Relaxed);
+    let (ok, h2) = (
+        tally.ok.load(Ordering::Relaxed),
+        tally.h2.load(Ordering::Relaxed),
+    );
     let failed = tally.failed.lock().unwrap().clone();
     let closed_unread = tally.closed_unread.lock().unwrap().clone();
     let (on_old, on_new) = (tally.count_of(&old_leaf.der), tally.count_of(&new_leaf.der));
     eprintln!(
-        "tls reload: {ok} ok ({on_old} over the old certificate, {on_new} over the new), {} failed, {} fresh connections closed unread; old process gone {:?} after SIGQUIT",
+        "tls reload: {ok} ok ({h2} over HTTP/2; {on_old} over the old certificate, {on_new} over the new), {} failed, {} fresh connections closed unread; old process gone {:?} after SIGQUIT",
         failed.len(),
         closed_unread.len(),
         quit_at.elapsed()
@@ -461,5 +550,9 @@ async fn a_graceful_upgrade_under_load_swaps_the_certificate() {
         on_old + on_new,
         ok,
         "a response over an unknown certificate"
+    );
+    assert!(
+        h2 > 0 && h2 < ok,
+        "{h2} of {ok} over HTTP/2: both versions under load"
     );
 }

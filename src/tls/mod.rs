@@ -9,7 +9,6 @@ use std::sync::Arc;
 
 use pingora::connectors::ConnectorOptions;
 use pingora::listeners::tls::TlsSettings;
-use pingora::listeners::ALPN;
 use pingora::prelude::HttpPeer;
 use rustls::sign::{CertifiedKey, SingleCertAndKey};
 
@@ -31,15 +30,16 @@ pub struct BackendTls {
 
 /// Pingora's settings for a TLS listener. Pingora's rustls acceptor speaks
 /// TLS 1.2 and 1.3 only. It serves the certificate that was checked (not the
-/// files read again, which could have changed since). ALPN offers
-/// `http/1.1` only: see the README on HTTP/2.
+/// files read again, which could have changed since). ALPN offers `h2`, then
+/// `http/1.1`: Pingora serves both through the same `ProxyHttp` phases, and
+/// ends HTTP/2 connections with GOAWAY on a graceful upgrade.
 pub fn listener_settings(tls: &ListenerTls) -> TlsSettings {
     // `intermediate` only stores the paths; the resolver set below takes
     // their place, so nothing can fail (or panic) when Pingora builds it.
     let mut settings = TlsSettings::intermediate(&tls.cert_file, &tls.key_file)
         .expect("storing two paths cannot fail");
     settings.set_cert_resolver(Arc::new(SingleCertAndKey::from(tls.certified.clone())));
-    settings.set_alpn(ALPN::H1);
+    settings.enable_h2();
     settings
 }
 

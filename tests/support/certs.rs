@@ -58,18 +58,15 @@ impl TestCa {
         }
     }
 
-    /// A client trusting this CA only, for `reqwest`.
-    pub fn reqwest_client(&self, fresh_connections: bool) -> reqwest::Client {
-        let mut builder = reqwest::Client::builder()
+    /// A `reqwest` client builder trusting this CA only, offering HTTP/2
+    /// and HTTP/1.1 by ALPN, keeping the certificate of each response.
+    pub fn client_builder(&self) -> reqwest::ClientBuilder {
+        reqwest::Client::builder()
             .no_proxy()
             .use_rustls_tls()
             .tls_built_in_root_certs(false)
             .add_root_certificate(reqwest::Certificate::from_pem(self.pem().as_bytes()).unwrap())
-            .tls_info(true);
-        if fresh_connections {
-            builder = builder.pool_max_idle_per_host(0);
-        }
-        builder.build().unwrap()
+            .tls_info(true)
     }
 
     /// A rustls client config trusting this CA only, offering `versions`.
