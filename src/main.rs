@@ -68,11 +68,10 @@ fn run() -> ExitCode {
         .client_options(upstream)
         .build();
     for l in listen {
+        let addr = l.addr.to_string();
         match &l.tls {
-            Some(t) => {
-                proxy.add_tls_with_settings(&l.addr.to_string(), None, tls::listener_settings(t))
-            }
-            None => proxy.add_tcp(&l.addr.to_string()),
+            Some(t) => proxy.add_tls_with_settings(&addr, None, tls::listener_settings(t)),
+            None => proxy.add_tcp(&addr),
         }
     }
     let mut metrics = pingora_prometheus::prometheus_http_service();
