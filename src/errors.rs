@@ -154,6 +154,8 @@ mod tests {
         assert_eq!(status(Internal, ErrorType::WriteTimedout), Some(504));
         assert_eq!(status(Upstream, ErrorType::ConnectRefused), Some(502));
         assert_eq!(status(Upstream, ErrorType::InvalidHTTPHeader), Some(502));
+        // A backend whose certificate did not verify, when none is left.
+        assert_eq!(status(Upstream, ErrorType::TLSHandshakeFailure), Some(502));
         assert_eq!(status(Downstream, ErrorType::ReadTimedout), None);
         assert_eq!(status(Downstream, ErrorType::ConnectionClosed), None);
         let e = from_proxy_error(&Upstream, &ErrorType::ConnectRefused).unwrap();

@@ -3,7 +3,8 @@
 //! a failure comes back as soon as it answers healthy `consecutive_ok` times
 //! in a row, instead of waiting out the window. A failing or slow probe
 //! excludes nothing: a busy vLLM may answer `/health` late, and only real
-//! request failures take a backend out.
+//! request failures take a backend out. A TLS backend is probed over TLS,
+//! verified as requests are.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -12,15 +13,22 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 use log::info;
+use pingora::connectors::http::Connector;
+use pingora::connectors::ConnectorOptions;
 use pingora::http::RequestHeader;
 use pingora::lb::health_check::{HealthCheck, HttpHealthCheck};
 use pingora::lb::Backend;
+use pingora::prelude::HttpPeer;
 
-use crate::config::HealthCheckConfig;
+use crate::config::{HealthCheckConfig, ModelConfig};
 use crate::exclusion::Exclusions;
+use crate::tls;
 
 pub struct RestoreOnHealthy {
+    /// Probes the plain backends.
     probe: HttpHealthCheck,
+    /// One probe per TLS backend: each has its own SNI.
+    tls_probes: HashMap<SocketAddr, HttpHealthCheck>,
     model: String,
     consecutive_ok: usize,
     exclusions: Arc<Exclusions>,
@@ -29,19 +37,30 @@ pub struct RestoreOnHealthy {
 }
 
 impl RestoreOnHealthy {
-    pub fn new(config: &HealthCheckConfig, model: &str, exclusions: Arc<Exclusions>) -> Self {
-        let mut probe = HttpHealthCheck::new("localhost", false);
-        let mut req = RequestHeader::build("GET", config.path.as_bytes(), None)
-            .expect("the path was validated");
-        req.insert_header("Host", "localhost")
-            .expect("static header");
-        probe.req = req;
-        probe.peer_template.options.connection_timeout = Some(config.timeout);
-        probe.peer_template.options.read_timeout = Some(config.timeout);
-        probe.consecutive_success = config.consecutive_ok;
+    pub fn new(
+        config: &HealthCheckConfig,
+        model: &ModelConfig,
+        upstream_ca_file: Option<&str>,
+        exclusions: Arc<Exclusions>,
+    ) -> Self {
+        let tls_probes = model
+            .backends
+            .iter()
+            .filter_map(|b| {
+                let mut probe = probe(config, tls::backend_peer(b.addr, Some(b.tls.as_ref()?)));
+                // Connections are not reused (`reuse_connection` is off), so
+                // the probe's connector needs no pool.
+                let options = tls::trusting(ConnectorOptions::new(0), upstream_ca_file);
+                probe.set_connector(Connector::new(Some(options)));
+                Some((b.addr, probe))
+            })
+            .collect();
+        // Its address is replaced by each backend's at each check.
+        let plain = tls::backend_peer(SocketAddr::from(([0, 0, 0, 0], 1)), None);
         RestoreOnHealthy {
-            probe,
-            model: model.to_string(),
+            probe: probe(config, plain),
+            tls_probes,
+            model: model.name.clone(),
             consecutive_ok: config.consecutive_ok,
             exclusions,
             streaks: Mutex::default(),
@@ -52,10 +71,11 @@ impl RestoreOnHealthy {
 #[async_trait]
 impl HealthCheck for RestoreOnHealthy {
     async fn check(&self, target: &Backend) -> pingora::Result<()> {
-        let result = self.probe.check(target).await;
         let Some(addr) = target.as_inet() else {
-            return result;
+            return self.probe.check(target).await;
         };
+        let probe = self.tls_probes.get(addr).unwrap_or(&self.probe);
+        let result = probe.check(target).await;
         let streak = {
             let mut streaks = self.streaks.lock().unwrap_or_else(|e| e.into_inner());
             let streak = streaks.entry(*addr).or_default();
@@ -74,7 +94,25 @@ impl HealthCheck for RestoreOnHealthy {
         result
     }
 
+    /// The same for every probe: `consecutive_ok` to be healthy, one
+    /// failure to be unhealthy.
     fn health_threshold(&self, success: bool) -> usize {
         self.probe.health_threshold(success)
     }
+}
+
+/// A probe of `config.path` through `peer` (plain or TLS), with the
+/// configured timeouts.
+fn probe(config: &HealthCheckConfig, peer: HttpPeer) -> HttpHealthCheck {
+    let mut probe = HttpHealthCheck::new("localhost", false);
+    probe.peer_template = peer;
+    let mut req =
+        RequestHeader::build("GET", config.path.as_bytes(), None).expect("the path was validated");
+    req.insert_header("Host", "localhost")
+        .expect("static header");
+    probe.req = req;
+    probe.peer_template.options.connection_timeout = Some(config.timeout);
+    probe.peer_template.options.read_timeout = Some(config.timeout);
+    probe.consecutive_success = config.consecutive_ok;
+    probe
 }

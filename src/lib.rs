@@ -18,3 +18,4 @@ pub mod pool;
 pub mod proxy;
 pub mod retry;
 pub mod routing;
+pub mod tls;

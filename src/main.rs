@@ -5,8 +5,9 @@
 
 use std::process::ExitCode;
 
+use pingora::connectors::ConnectorOptions;
 use pingora::prelude::*;
-use pingora::proxy::http_proxy_service;
+use pingora::proxy::ProxyServiceBuilder;
 use pingora::server::RunArgs;
 use pingora::services::background::background_service;
 use poimen_gateway::auth::fetch::{self, Refresher};
@@ -14,6 +15,7 @@ use poimen_gateway::auth::jwt::Verifier;
 use poimen_gateway::config::{GatewayConfig, JwtConfig};
 use poimen_gateway::logging;
 use poimen_gateway::proxy::Gateway;
+use poimen_gateway::tls;
 
 fn main() -> ExitCode {
     // `route` is ours; any other command line is Pingora's, which would
@@ -81,11 +83,21 @@ fn run() -> ExitCode {
 
     let listen = config.listen.clone();
     let metrics_listen = config.metrics_listen;
+    let upstream = tls::trusting(
+        ConnectorOptions::from_server_conf(&server.configuration),
+        config.upstream_ca_file.as_deref(),
+    );
     let (verifier, refresher) = jwt.unzip();
     let (gateway, health_checks) = Gateway::new(config, verifier);
-    let mut proxy = http_proxy_service(&server.configuration, gateway);
-    for addr in listen {
-        proxy.add_tcp(&addr.to_string());
+    let mut proxy = ProxyServiceBuilder::new(&server.configuration, gateway)
+        .client_options(upstream)
+        .build();
+    for l in listen {
+        let addr = l.addr.to_string();
+        match &l.tls {
+            Some(t) => proxy.add_tls_with_settings(&addr, None, tls::listener_settings(t)),
+            None => proxy.add_tcp(&addr),
+        }
     }
     let mut metrics = pingora_prometheus::prometheus_http_service();
     metrics.add_tcp(&metrics_listen.to_string());

@@ -1,6 +1,7 @@
 //! One model's backends: the set (Pingora's `Backends`, with its health
 //! registry when health checks are on), the [`Router`] built from it, the
-//! failure exclusion window (CAG-3 AC4) and each backend's admission.
+//! failure exclusion window (CAG-3 AC4), each backend's admission and how
+//! to connect to it (plain or TLS).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -11,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use pingora::lb::discovery::Static;
 use pingora::lb::{Backend, Backends, HealthCheckService, HealthRegistry};
+use pingora::prelude::HttpPeer;
 
 use crate::admission::Admission;
 use crate::config::{HealthCheckConfig, ModelConfig};
@@ -18,6 +20,7 @@ use crate::exclusion::Exclusions;
 use crate::health::RestoreOnHealthy;
 use crate::metrics;
 use crate::routing::{Candidate, Policy, Request, Router, Status};
+use crate::tls::{self, BackendTls};
 
 pub struct ModelPool {
     pub name: String,
@@ -27,20 +30,24 @@ pub struct ModelPool {
     router: Router,
     exclusions: Arc<Exclusions>,
     admissions: HashMap<SocketAddr, Arc<Admission>>,
+    /// The backends reached over TLS.
+    tls: HashMap<SocketAddr, BackendTls>,
 }
 
 impl ModelPool {
-    /// The pool, and the service that runs its health checks if configured.
+    /// The pool, and the service that runs its health checks if configured
+    /// (probing TLS backends over TLS, trusting `upstream_ca_file`).
     pub fn new(
         model: &ModelConfig,
         window: Duration,
         health: Option<&HealthCheckConfig>,
+        upstream_ca_file: Option<&str>,
     ) -> (Self, Option<HealthCheckService>) {
         let addrs: Vec<SocketAddr> = model.backends.iter().map(|b| b.addr).collect();
         let exclusions = Arc::new(Exclusions::new(&addrs, window));
         let registry = Arc::new(HealthRegistry::new());
         let service = health.map(|hc| {
-            let check = RestoreOnHealthy::new(hc, &model.name, exclusions.clone());
+            let check = RestoreOnHealthy::new(hc, model, upstream_ca_file, exclusions.clone());
             registry.set_health_check(Box::new(check));
             let mut service = HealthCheckService::new(registry.clone());
             service.health_check_frequency = Some(hc.interval);
@@ -80,6 +87,11 @@ impl ModelPool {
             router: router.unwrap_or_else(|| Router::new(&model.policy, [])),
             exclusions,
             admissions,
+            tls: model
+                .backends
+                .iter()
+                .filter_map(|b| Some((b.addr, b.tls.clone()?)))
+                .collect(),
         };
         (pool, service)
     }
@@ -107,6 +119,11 @@ impl ModelPool {
     /// The exclusion state of this pool's backends.
     pub fn exclusions(&self) -> &Arc<Exclusions> {
         &self.exclusions
+    }
+
+    /// How to connect to one of this pool's backends.
+    pub fn peer(&self, addr: SocketAddr) -> HttpPeer {
+        tls::backend_peer(addr, self.tls.get(&addr))
     }
 
     pub fn addrs(&self) -> &[SocketAddr] {
@@ -139,6 +156,7 @@ mod tests {
                 .map(|i| BackendConfig {
                     addr: SocketAddr::from(([127, 0, 0, 1], 9000 + i)),
                     weight: 1,
+                    tls: None,
                 })
                 .collect(),
             limits: crate::admission::Limits {
@@ -147,7 +165,7 @@ mod tests {
             },
             policy: Policy::default(),
         };
-        ModelPool::new(&model, Duration::from_secs(30), None).0
+        ModelPool::new(&model, Duration::from_secs(30), None, None).0
     }
 
     #[test]

@@ -17,3 +17,4 @@ mod operations;
 mod reload;
 mod routing;
 mod streaming;
+mod tls;

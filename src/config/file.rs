@@ -5,14 +5,21 @@
 //! lives here, next to its field; `super::validate` turns this into the
 //! checked internal form.
 
-use serde::Deserialize;
+use std::fmt;
+use std::marker::PhantomData;
+
+use serde::de::value::MapAccessDeserializer;
+use serde::de::{MapAccess, SeqAccess, Visitor};
+use serde::{Deserialize, Deserializer};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GatewayFile {
-    /// Client-facing listeners. Default `0.0.0.0:8080`.
+    /// Client-facing listeners: one or a list, each `"ip:port"` (plain
+    /// HTTP) or `{address, tls: {cert_file, key_file}}`. Default
+    /// `0.0.0.0:8080`.
     #[serde(default = "default_listen")]
-    pub listen: OneOrMany,
+    pub listen: Entries<ListenerFile>,
     /// Prometheus listener (Pingora's Prometheus service). Default `127.0.0.1:9091`.
     #[serde(default = "default_metrics_listen")]
     pub metrics_listen: String,
@@ -40,6 +47,9 @@ pub struct GatewayFile {
     /// Optional API keys and JWT bearer tokens.
     #[serde(default)]
     pub auth: AuthFile,
+    /// Trust for backends with `tls: true`.
+    #[serde(default)]
+    pub upstream_tls: UpstreamTlsFile,
     #[serde(default)]
     pub scheduler: SchedulerFile,
     /// How requests pick their backend.
@@ -48,6 +58,38 @@ pub struct GatewayFile {
     #[serde(default)]
     pub warmup: WarmupFile,
     pub models: Vec<ModelFile>,
+}
+
+/// A listener in its map form.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListenerFile {
+    pub address: String,
+    /// Serve HTTPS on this address. Default: plain HTTP.
+    pub tls: Option<ListenerTlsFile>,
+}
+
+impl From<String> for ListenerFile {
+    fn from(address: String) -> Self {
+        ListenerFile { address, tls: None }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListenerTlsFile {
+    /// PEM: the server certificate first, then any intermediates.
+    pub cert_file: String,
+    /// PEM: the certificate's private key (PKCS#8, PKCS#1 or SEC1).
+    pub key_file: String,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamTlsFile {
+    /// PEM CA certificates that backends' certificates must chain to.
+    /// Default: the system's trust store.
+    pub ca_file: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -214,6 +256,7 @@ impl Default for WarmupFile {
     }
 }
 
+/// A string or a list of strings (`audience`).
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
 pub enum OneOrMany {
@@ -227,8 +270,8 @@ pub struct ModelFile {
     pub name: String,
     /// A single backend (CAG-3 AC1 keeps this form working).
     pub address: Option<String>,
-    /// Several backends, each a string or `{address, weight}`.
-    pub addresses: Option<Vec<AddressFile>>,
+    /// Several backends, each a string or `{address, weight, tls, sni}`.
+    pub addresses: Option<Vec<Entry<AddressFile>>>,
     /// Overrides `scheduler.max_num_seqs` for this model's backends.
     pub max_num_seqs: Option<u64>,
     /// Overrides `scheduler.max_queue_depth` for this model's backends.
@@ -237,20 +280,21 @@ pub struct ModelFile {
     pub balance_factor: Option<f64>,
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-pub enum AddressFile {
-    Plain(String),
-    Weighted(WeightedAddressFile),
-}
-
+/// A backend in its map form.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct WeightedAddressFile {
+pub struct AddressFile {
     pub address: String,
     /// Relative share of keys (weighted rendezvous). Default 1.
     #[serde(default = "default_weight")]
     pub weight: u64,
+    /// Connect with TLS, verified against `upstream_tls`. Default false.
+    #[serde(default)]
+    pub tls: bool,
+    /// With `tls`: the name sent as SNI and verified in the backend's
+    /// certificate. Default: the address's IP, verified against the
+    /// certificate's IP SANs.
+    pub sni: Option<String>,
 }
 
 fn default_jwt_algorithms() -> Vec<String> {
@@ -262,8 +306,85 @@ fn default_leeway_secs() -> u64 {
 fn default_jwks_refresh_secs() -> u64 {
     300
 }
-fn default_listen() -> OneOrMany {
-    OneOrMany::One("0.0.0.0:8080".into())
+impl From<String> for AddressFile {
+    fn from(address: String) -> Self {
+        AddressFile {
+            address,
+            weight: default_weight(),
+            tls: false,
+            sni: None,
+        }
+    }
+}
+
+/// One entry written as a string or as a map: `"ip:port"` or
+/// `{address: "ip:port", ...}`. Unlike `#[serde(untagged)]`, an error inside
+/// the map (a typo, a missing field) is reported as itself, with its path.
+#[derive(Debug)]
+pub struct Entry<M>(pub M);
+
+/// One entry or a list of entries (see `Entry`).
+#[derive(Debug)]
+pub struct Entries<M>(pub Vec<M>);
+
+struct EntryVisitor<M>(PhantomData<M>);
+
+impl<'de, M: Deserialize<'de> + From<String>> Visitor<'de> for EntryVisitor<M> {
+    type Value = M;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an address \"ip:port\" or a map with `address`")
+    }
+
+    fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<M, E> {
+        Ok(M::from(s.to_string()))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<M, A::Error> {
+        M::deserialize(MapAccessDeserializer::new(map))
+    }
+}
+
+impl<'de, M: Deserialize<'de> + From<String>> Deserialize<'de> for Entry<M> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(EntryVisitor(PhantomData)).map(Entry)
+    }
+}
+
+struct EntriesVisitor<M>(PhantomData<M>);
+
+impl<'de, M: Deserialize<'de> + From<String>> Visitor<'de> for EntriesVisitor<M> {
+    type Value = Vec<M>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an address \"ip:port\", a map with `address`, or a list of them")
+    }
+
+    fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Vec<M>, E> {
+        EntryVisitor(PhantomData).visit_str(s).map(|m| vec![m])
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Vec<M>, A::Error> {
+        EntryVisitor(PhantomData).visit_map(map).map(|m| vec![m])
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<M>, A::Error> {
+        let mut out = Vec::new();
+        while let Some(Entry(m)) = seq.next_element::<Entry<M>>()? {
+            out.push(m);
+        }
+        Ok(out)
+    }
+}
+
+impl<'de, M: Deserialize<'de> + From<String>> Deserialize<'de> for Entries<M> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(EntriesVisitor(PhantomData)).map(Entries)
+    }
+}
+
+fn default_listen() -> Entries<ListenerFile> {
+    Entries(vec![ListenerFile::from("0.0.0.0:8080".to_string())])
 }
 fn default_metrics_listen() -> String {
     "127.0.0.1:9091".into()

@@ -11,6 +11,7 @@ mod file;
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -21,16 +22,18 @@ use crate::auth::jwks::KeySet;
 use crate::auth::{jwt, ApiKeys};
 use crate::routing::prefix::Head;
 use crate::routing::{Keyless, Policy};
+use crate::tls::material;
+use crate::tls::{BackendTls, ListenerTls};
 pub use file::Overflow;
 use file::{
-    AddressFile, AuthFile, GatewayFile, HealthCheckFile, JwtFile, KeylessFile, ModelFile,
-    OneOrMany, RoutingFile,
+    AddressFile, AuthFile, GatewayFile, HealthCheckFile, JwtFile, KeylessFile, ListenerFile,
+    ListenerTlsFile, ModelFile, OneOrMany, RoutingFile, UpstreamTlsFile,
 };
 
 /// The validated gateway configuration.
 #[derive(Debug, Clone)]
 pub struct GatewayConfig {
-    pub listen: Vec<SocketAddr>,
+    pub listen: Vec<ListenerConfig>,
     pub metrics_listen: SocketAddr,
     pub failure_exclusion: Duration,
     pub max_request_body_bytes: usize,
@@ -42,11 +45,21 @@ pub struct GatewayConfig {
     /// JWT bearer tokens clients may present.
     pub jwt: Option<JwtConfig>,
     pub upstream_api_key: Option<String>,
+    /// The CA file backends with TLS are verified against; none: the
+    /// system's trust store.
+    pub upstream_ca_file: Option<String>,
     pub stream_usage: bool,
     pub queue_timeout: Duration,
     pub overflow: Overflow,
     pub warmup: WarmupConfig,
     pub models: Vec<ModelConfig>,
+}
+
+/// A client listener: plain HTTP, or HTTPS with its certificate.
+#[derive(Debug, Clone)]
+pub struct ListenerConfig {
+    pub addr: SocketAddr,
+    pub tls: Option<ListenerTls>,
 }
 
 #[derive(Debug, Clone)]
@@ -96,6 +109,8 @@ pub struct ModelConfig {
 pub struct BackendConfig {
     pub addr: SocketAddr,
     pub weight: u32,
+    /// TLS to this backend; none: plain HTTP.
+    pub tls: Option<BackendTls>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -249,8 +264,9 @@ fn socket_addr(path: &str, value: &str) -> Result<SocketAddr, ConfigError> {
 }
 
 fn validate(file: GatewayFile) -> Result<GatewayConfig, ConfigError> {
-    let (listen, metrics_listen) = validate_listeners(file.listen, &file.metrics_listen)?;
+    let (listen, metrics_listen) = validate_listeners(file.listen.0, &file.metrics_listen)?;
     let (api_keys, jwt, upstream_api_key) = validate_auth(file.auth)?;
+    let upstream_ca_file = validate_upstream_tls(file.upstream_tls)?;
     let sched = &file.scheduler;
     let default_limits = Limits {
         max_num_seqs: NUM_SEQS.check("gateway.scheduler.max_num_seqs", sched.max_num_seqs)?
@@ -280,6 +296,7 @@ fn validate(file: GatewayFile) -> Result<GatewayConfig, ConfigError> {
         api_keys,
         jwt,
         upstream_api_key,
+        upstream_ca_file,
         stream_usage: file.stream_usage,
         queue_timeout: ms(
             QUEUE_TIMEOUT_MS.check("gateway.scheduler.queue_timeout_ms", sched.queue_timeout_ms)?
@@ -302,30 +319,31 @@ fn secs(n: u64) -> Duration {
 }
 
 fn validate_listeners(
-    listen: OneOrMany,
+    entries: Vec<ListenerFile>,
     metrics: &str,
-) -> Result<(Vec<SocketAddr>, SocketAddr), ConfigError> {
-    let listen_strings = match listen {
-        OneOrMany::One(s) => vec![s],
-        OneOrMany::Many(v) => v,
-    };
-    if listen_strings.is_empty() {
+) -> Result<(Vec<ListenerConfig>, SocketAddr), ConfigError> {
+    if entries.is_empty() {
         return Err(invalid(
             "gateway.listen",
             "[]",
             "needs at least one address",
         ));
     }
-    let mut listen = Vec::new();
-    for (i, s) in listen_strings.iter().enumerate() {
-        let addr = socket_addr(&format!("gateway.listen[{i}]"), s)?;
-        if listen.contains(&addr) {
-            return Err(invalid(format!("gateway.listen[{i}]"), s, "listed twice"));
+    let mut listen: Vec<ListenerConfig> = Vec::new();
+    for (i, entry) in entries.into_iter().enumerate() {
+        let at = format!("gateway.listen[{i}]");
+        let addr = socket_addr(&at, &entry.address)?;
+        if listen.iter().any(|l| l.addr == addr) {
+            return Err(invalid(at, &entry.address, "listed twice"));
         }
-        listen.push(addr);
+        let tls = entry
+            .tls
+            .map(|t| validate_listener_tls(&format!("{at}.tls"), t))
+            .transpose()?;
+        listen.push(ListenerConfig { addr, tls });
     }
     let metrics_listen = socket_addr("gateway.metrics_listen", metrics)?;
-    if listen.contains(&metrics_listen) {
+    if listen.iter().any(|l| l.addr == metrics_listen) {
         return Err(invalid(
             "gateway.metrics_listen",
             metrics,
@@ -333,6 +351,54 @@ fn validate_listeners(
         ));
     }
     Ok((listen, metrics_listen))
+}
+
+/// The certificate and key must exist, parse, and belong together.
+fn validate_listener_tls(at: &str, t: ListenerTlsFile) -> Result<ListenerTls, ConfigError> {
+    let (cert_at, key_at) = (format!("{at}.cert_file"), format!("{at}.key_file"));
+    let cert_error = |e: material::TlsError| invalid(&cert_at, &t.cert_file, &e.to_string());
+    let key_error = |e: material::TlsError| invalid(&key_at, &t.key_file, &e.to_string());
+    let chain = material::read_certificates(Path::new(&t.cert_file)).map_err(cert_error)?;
+    let key = material::read_key(Path::new(&t.key_file)).map_err(key_error)?;
+    let certified = material::certified_key(chain, key).map_err(key_error)?;
+    Ok(ListenerTls {
+        cert_file: t.cert_file,
+        key_file: t.key_file,
+        certified: Arc::new(certified),
+    })
+}
+
+fn validate_upstream_tls(u: UpstreamTlsFile) -> Result<Option<String>, ConfigError> {
+    if let Some(path) = &u.ca_file {
+        material::check_ca_file(Path::new(path))
+            .map_err(|e| invalid("gateway.upstream_tls.ca_file", path, &e.to_string()))?;
+    }
+    Ok(u.ca_file)
+}
+
+/// TLS to a backend at `addr`, if asked for. The SNI must be a name rustls
+/// can verify: an empty one would make Pingora skip verification.
+fn validate_backend_tls(
+    at: &str,
+    entry: &AddressFile,
+    addr: SocketAddr,
+) -> Result<Option<BackendTls>, ConfigError> {
+    let sni = match (entry.tls, &entry.sni) {
+        (false, None) => return Ok(None),
+        (false, Some(sni)) => {
+            return Err(invalid(format!("{at}.sni"), sni, "needs `tls: true`"));
+        }
+        (true, Some(sni)) => sni.clone(),
+        (true, None) => addr.ip().to_string(),
+    };
+    if rustls::pki_types::ServerName::try_from(sni.as_str()).is_err() {
+        return Err(invalid(
+            format!("{at}.sni"),
+            &sni,
+            "not a DNS name or an IP address",
+        ));
+    }
+    Ok(Some(BackendTls { sni }))
 }
 
 type Auth = (Option<ApiKeys>, Option<JwtConfig>, Option<String>);
@@ -554,7 +620,7 @@ fn validate_model(
             "must be a non-empty name without control characters",
         ));
     }
-    let entries: Vec<(String, u64)> = match (m.address, m.addresses) {
+    let entries: Vec<AddressFile> = match (m.address, m.addresses) {
         (Some(_), Some(_)) => {
             return Err(invalid(
                 path,
@@ -563,14 +629,8 @@ fn validate_model(
             ))
         }
         (None, None) => return Err(invalid(path, &m.name, "needs `address` or `addresses`")),
-        (Some(a), None) => vec![(a, 1)],
-        (None, Some(list)) => list
-            .into_iter()
-            .map(|a| match a {
-                AddressFile::Plain(s) => (s, 1),
-                AddressFile::Weighted(w) => (w.address, w.weight),
-            })
-            .collect(),
+        (Some(a), None) => vec![AddressFile::from(a)],
+        (None, Some(list)) => list.into_iter().map(|e| e.0).collect(),
     };
     let list_path = format!("{path}.addresses");
     if entries.is_empty() {
@@ -584,14 +644,19 @@ fn validate_model(
         ));
     }
     let mut backends: Vec<BackendConfig> = Vec::new();
-    for (i, (address, weight)) in entries.iter().enumerate() {
+    for (i, entry) in entries.iter().enumerate() {
         let at = format!("{list_path}[{i}]");
-        let addr = socket_addr(&at, address)?;
+        let addr = socket_addr(&at, &entry.address)?;
         if backends.iter().any(|b| b.addr == addr) {
-            return Err(invalid(at, address, "duplicate address in this model"));
+            return Err(invalid(
+                at,
+                &entry.address,
+                "duplicate address in this model",
+            ));
         }
-        let weight = WEIGHT.check(&format!("{at}.weight"), *weight)? as u32;
-        backends.push(BackendConfig { addr, weight });
+        let weight = WEIGHT.check(&format!("{at}.weight"), entry.weight)? as u32;
+        let tls = validate_backend_tls(&at, entry, addr)?;
+        backends.push(BackendConfig { addr, weight, tls });
     }
     let configured = Limits {
         max_num_seqs: match m.max_num_seqs {
@@ -620,3 +685,5 @@ fn validate_model(
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tls_tests;

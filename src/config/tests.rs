@@ -1,6 +1,6 @@
 use super::*;
 
-fn err(yaml: &str) -> String {
+pub(super) fn err(yaml: &str) -> String {
     GatewayConfig::from_yaml(yaml).unwrap_err().to_string()
 }
 
@@ -18,7 +18,10 @@ gateway:
 "#,
     )
     .unwrap();
-    assert_eq!(c.listen, vec!["0.0.0.0:8080".parse().unwrap()]);
+    let listen: Vec<SocketAddr> = c.listen.iter().map(|l| l.addr).collect();
+    assert_eq!(listen, vec!["0.0.0.0:8080".parse().unwrap()]);
+    assert!(c.listen[0].tls.is_none());
+    assert_eq!(c.upstream_ca_file, None);
     assert_eq!(c.metrics_listen, "127.0.0.1:9091".parse().unwrap());
     assert_eq!(c.failure_exclusion, Duration::from_secs(30));
     assert_eq!(c.max_request_body_bytes, 32 << 20);
@@ -29,11 +32,13 @@ gateway:
         vec![
             BackendConfig {
                 addr: "127.0.0.1:8001".parse().unwrap(),
-                weight: 1
+                weight: 1,
+                tls: None,
             },
             BackendConfig {
                 addr: "127.0.0.1:8002".parse().unwrap(),
-                weight: 3
+                weight: 3,
+                tls: None,
             },
         ]
     );

@@ -141,8 +141,12 @@ impl Gateway {
         let mut services = Vec::new();
         let mut pools = HashMap::new();
         for m in &config.models {
-            let (pool, health) =
-                ModelPool::new(m, config.failure_exclusion, config.health_check.as_ref());
+            let (pool, health) = ModelPool::new(
+                m,
+                config.failure_exclusion,
+                config.health_check.as_ref(),
+                config.upstream_ca_file.as_deref(),
+            );
             services.extend(health.map(|h| (format!("health check {}", m.name), h)));
             pools.insert(m.name.clone(), Arc::new(pool));
         }
@@ -248,7 +252,8 @@ impl Gateway {
     }
 
     /// A backend failed before answering: count it, leave it out for the
-    /// window.
+    /// window, and say why (a refused connection, a certificate that did not
+    /// verify, ...).
     fn exclude(&self, ctx: &RequestCtx, addr: SocketAddr, why: &Error) {
         let Some(pool) = &ctx.pool else {
             return;
@@ -263,7 +268,8 @@ impl Gateway {
                 model = pool.name.as_str(),
                 backend = backend.as_str(),
                 for_secs = self.config.failure_exclusion.as_secs(),
-                error = why.etype().as_str();
+                error = why.etype().as_str(),
+                reason:display = why;
                 ""
             );
         }
@@ -357,7 +363,11 @@ impl ProxyHttp for Gateway {
             .as_mut()
             .ok_or_else(|| Error::explain(ErrorType::InternalError, "no backend chosen"))?;
         attempt.state = AttemptState::Sent;
-        let mut peer = HttpPeer::new(attempt.candidate.addr, false, String::new());
+        let pool = ctx
+            .pool
+            .as_ref()
+            .ok_or_else(|| Error::explain(ErrorType::InternalError, "no model chosen"))?;
+        let mut peer = pool.peer(attempt.candidate.addr);
         peer.options.connection_timeout = Some(self.config.connect_timeout);
         // Both the wait for the response header and for each body chunk.
         peer.options.read_timeout = Some(self.config.read_timeout);

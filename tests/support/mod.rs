@@ -2,6 +2,8 @@
 //! a client.
 
 pub mod backend;
+pub mod certs;
+pub mod daemons;
 pub mod gateway;
 pub mod metrics;
 pub mod ports;
