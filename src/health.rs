@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Instant;
 
 use async_trait::async_trait;
@@ -17,19 +17,20 @@ use pingora::lb::health_check::{HealthCheck, HttpHealthCheck};
 use pingora::lb::Backend;
 
 use crate::config::HealthCheckConfig;
-use crate::exclusion::Exclusions;
+use crate::exclusion::CurrentExclusions;
 
 pub struct RestoreOnHealthy {
     probe: HttpHealthCheck,
     model: String,
     consecutive_ok: usize,
-    exclusions: Arc<Exclusions>,
+    /// The current set's exclusions: the set may change between checks.
+    exclusions: CurrentExclusions,
     /// Consecutive healthy answers per backend.
     streaks: Mutex<HashMap<SocketAddr, usize>>,
 }
 
 impl RestoreOnHealthy {
-    pub fn new(config: &HealthCheckConfig, model: &str, exclusions: Arc<Exclusions>) -> Self {
+    pub fn new(config: &HealthCheckConfig, model: &str, exclusions: CurrentExclusions) -> Self {
         let mut probe = HttpHealthCheck::new("localhost", false);
         let mut req = RequestHeader::build("GET", config.path.as_bytes(), None)
             .expect("the path was validated");
@@ -62,7 +63,7 @@ impl HealthCheck for RestoreOnHealthy {
             *streak = if result.is_ok() { *streak + 1 } else { 0 };
             *streak
         };
-        if streak >= self.consecutive_ok && self.exclusions.clear(addr, Instant::now()) {
+        if streak >= self.consecutive_ok && (self.exclusions)().clear(addr, Instant::now()) {
             info!(
                 event = "backend_restored",
                 model = self.model.as_str(),

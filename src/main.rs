@@ -10,6 +10,7 @@ use pingora::proxy::http_proxy_service;
 use pingora::server::RunArgs;
 use pingora::services::background::background_service;
 use poimen_gateway::config::GatewayConfig;
+use poimen_gateway::discovery;
 use poimen_gateway::logging;
 use poimen_gateway::proxy::Gateway;
 
@@ -49,6 +50,37 @@ fn run() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let resolved = match discovery::resolve_at_start(&config) {
+        Ok(resolved) => resolved,
+        Err(e) => {
+            eprintln!("poimen-gateway: {path}: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let unresolved = match resolved.check(config.discovery.allow_unresolved) {
+        Ok(allowed) => allowed,
+        Err(name) => {
+            eprintln!("poimen-gateway: {path}: {name}");
+            return ExitCode::from(2);
+        }
+    };
+    // Allowed: the daemon starts without those names' backends and adds
+    // them when they resolve.
+    for name in unresolved {
+        if test_only {
+            eprintln!(
+                "poimen-gateway: {path}: warning: {name} (allowed by discovery.allow_unresolved)"
+            );
+        } else {
+            log::warn!(
+                event = "discovery_failing",
+                field = name.field.as_str(),
+                name = name.name.as_str(),
+                error = name.error.as_str();
+                "starting without its backends (discovery.allow_unresolved)"
+            );
+        }
+    }
     if test_only {
         println!("poimen-gateway: {path}: configuration OK");
         return ExitCode::SUCCESS;
@@ -57,7 +89,8 @@ fn run() -> ExitCode {
 
     let listen = config.listen.clone();
     let metrics_listen = config.metrics_listen;
-    let (gateway, health_checks) = Gateway::new(config);
+    let (gateway, health_checks) = Gateway::new(config, resolved);
+    let refresh = gateway.refresh_service();
     let mut proxy = http_proxy_service(&server.configuration, gateway);
     for addr in listen {
         proxy.add_tcp(&addr.to_string());
@@ -68,6 +101,9 @@ fn run() -> ExitCode {
     server.add_service(metrics);
     for (name, service) in health_checks {
         server.add_service(background_service(&name, service));
+    }
+    if let Some(refresh) = refresh {
+        server.add_service(background_service("discovery", refresh));
     }
     if server.configuration.daemon {
         logging::prepare_for_fork();

@@ -41,9 +41,10 @@ use crate::accounting::Tracker;
 use crate::admission::Permit;
 use crate::body;
 use crate::config::GatewayConfig;
+use crate::discovery::{AtStart, Discovery, Refresh};
 use crate::errors::{self, ApiError};
 use crate::metrics;
-use crate::pool::ModelPool;
+use crate::pool::{Members, ModelPool};
 use crate::retry::{self, Decision, Failure};
 use crate::routing::prefix::DerivedKey;
 use crate::routing::{Affinity, Candidate, Request};
@@ -63,6 +64,10 @@ pub struct Gateway {
 pub struct RequestCtx {
     started: Option<Instant>,
     pool: Option<Arc<ModelPool>>,
+    /// The pool's backend set this request was last routed in: it keeps
+    /// the chosen backend's state alive until the request ends, also when
+    /// discovery removes the backend meanwhile.
+    members: Option<Arc<Members>>,
     cache_key: Option<HeaderValue>,
     /// No header, `keyless: prefix`: the key derived from the body.
     derived_key: Option<DerivedKey>,
@@ -129,13 +134,22 @@ impl RequestCtx {
 }
 
 impl Gateway {
-    /// The gateway, and the health-check services to run beside it.
-    pub fn new(config: GatewayConfig) -> (Self, Vec<(String, HealthCheckService)>) {
+    /// The gateway over the backends resolved at start, and the
+    /// health-check services to run beside it.
+    pub fn new(
+        config: GatewayConfig,
+        resolved: AtStart,
+    ) -> (Self, Vec<(String, HealthCheckService)>) {
         let mut services = Vec::new();
         let mut pools = HashMap::new();
-        for m in &config.models {
-            let (pool, health) =
-                ModelPool::new(m, config.failure_exclusion, config.health_check.as_ref());
+        for (m, (_, entries)) in config.models.iter().zip(resolved.models) {
+            let discovery = Discovery::new(&m.name, &config.discovery, entries);
+            let (pool, health) = ModelPool::new(
+                m,
+                discovery,
+                config.failure_exclusion,
+                config.health_check.as_ref(),
+            );
             services.extend(health.map(|h| (format!("health check {}", m.name), h)));
             pools.insert(m.name.clone(), Arc::new(pool));
         }
@@ -145,7 +159,7 @@ impl Gateway {
         metrics::register_exclusions(
             pools
                 .values()
-                .map(|p| (p.name.clone(), p.exclusions().clone()))
+                .map(|p| (p.name.clone(), p.current_exclusions()))
                 .collect(),
         );
         let gateway = Gateway {
@@ -154,6 +168,21 @@ impl Gateway {
             started,
         };
         (gateway, services)
+    }
+
+    /// The service that re-resolves the models' DNS names, if any has one.
+    pub fn refresh_service(&self) -> Option<Refresh> {
+        let pools: Vec<Arc<ModelPool>> = self
+            .config
+            .models
+            .iter()
+            .filter(|m| m.uses_names())
+            .map(|m| self.pools[&m.name].clone())
+            .collect();
+        (!pools.is_empty()).then(|| Refresh {
+            pools,
+            every: self.config.discovery.refresh,
+        })
     }
 
     /// Pools in configuration order.
@@ -220,14 +249,14 @@ impl Gateway {
     /// A backend failed before answering: count it, leave it out for the
     /// window.
     fn exclude(&self, ctx: &RequestCtx, addr: SocketAddr, why: &Error) {
-        let Some(pool) = &ctx.pool else {
+        let (Some(pool), Some(members)) = (&ctx.pool, &ctx.members) else {
             return;
         };
         let backend = addr.to_string();
         metrics::BACKEND_FAILURES
             .with_label_values(&[&pool.name, &backend])
             .inc();
-        if pool.exclusions().exclude(addr, Instant::now()) {
+        if members.exclusions().exclude(addr, Instant::now()) {
             warn!(
                 event = "backend_excluded",
                 model = pool.name.as_str(),

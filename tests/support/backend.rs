@@ -77,7 +77,13 @@ pub struct FakeBackend {
 
 impl FakeBackend {
     pub async fn start() -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        FakeBackend::start_on(SocketAddr::from(([127, 0, 0, 1], 0))).await
+    }
+
+    /// On `addr`: another loopback IP, or a port already used on another
+    /// IP (the backends of one DNS name share a port).
+    pub async fn start_on(addr: SocketAddr) -> Self {
+        let listener = TcpListener::bind(addr).await.unwrap();
         let addr = listener.local_addr().unwrap();
         let state = Arc::new(State {
             addr,

@@ -2,6 +2,7 @@
 //! a client.
 
 pub mod backend;
+pub mod dns;
 pub mod gateway;
 pub mod metrics;
 pub mod ports;
