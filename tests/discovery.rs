@@ -6,6 +6,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::support::dns::DnsServer;
 use crate::support::gateway::{check_config, Conf};
@@ -337,4 +338,64 @@ async fn localhost_and_a_port_resolves_from_the_system_configuration() {
         assert_eq!(header(&resp, "X-Poimen-Backend"), a.to_string());
     }
     assert_eq!((v4.count(), v6.count()), (1, 1));
+}
+
+/// Requests holding a slot on `backend`, as the gateway reports them.
+async fn inflight(gw: &Gateway, backend: SocketAddr) -> f64 {
+    let backend = backend.to_string();
+    gw.metric("poimen_gateway_inflight", &[("backend", &backend)])
+        .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_removed_backend_finishes_its_requests_then_its_series_go() {
+    let ips = [loopback(0, 51), loopback(0, 52)];
+    let backends = backends_on(&ips).await;
+    let addrs: Vec<SocketAddr> = backends.iter().map(|b| b.addr).collect();
+    let dns = DnsServer::start().await;
+    dns.set(NAME, &ips[..1]);
+    let health = "  health_check: {interval_ms: 100}\n";
+    let gw = Arc::new(
+        Gateway::start(&format!(
+            "{health}{}",
+            config(&dns, addrs[0].port(), 0.1, "")
+        ))
+        .await,
+    );
+
+    // Added: routed to, and health-checked.
+    dns.set(NAME, &ips);
+    until_members(&gw, &addrs).await;
+    eventually("a health check of the new backend", || async {
+        backends[1].seen().iter().any(|s| s.path == "/health")
+    })
+    .await;
+
+    // Removed with a request in flight: that request finishes there, new
+    // ones go elsewhere, and its series stay until it is done.
+    let key = crate::support::key_owned_by(addrs[1], &addrs);
+    backends[1].set_delay(Duration::from_millis(1500));
+    let slow = {
+        let (gw, key) = (gw.clone(), key.clone());
+        tokio::spawn(async move {
+            let resp = chat(&gw, "m", Some(&key)).await;
+            (resp.status().as_u16(), header(&resp, "X-Poimen-Backend"))
+        })
+    };
+    eventually("the request in flight", || async {
+        inflight(&gw, addrs[1]).await == 1.0
+    })
+    .await;
+    dns.set(NAME, &ips[..1]);
+    until_members(&gw, &addrs[..1]).await;
+    assert_eq!(inflight(&gw, addrs[1]).await, 1.0, "still in flight");
+    let resp = chat(&gw, "m", Some(&key)).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(header(&resp, "X-Poimen-Backend"), addrs[0].to_string());
+    assert_eq!(slow.await.unwrap(), (200, addrs[1].to_string()));
+    let gone = addrs[1].to_string();
+    eventually("the removed backend's series gone", || async {
+        !gw.metrics_text().await.contains(&gone)
+    })
+    .await;
 }
