@@ -66,6 +66,11 @@ impl Exclusions {
         was_excluded
     }
 
+    /// Whether `addr` is one of the backends this table covers.
+    pub fn covers(&self, addr: &SocketAddr) -> bool {
+        self.until.contains_key(addr)
+    }
+
     /// The backends this window covers.
     pub fn addrs(&self) -> impl Iterator<Item = &SocketAddr> {
         self.until.keys()
@@ -137,6 +142,7 @@ mod tests {
         assert!(new.is_excluded(&a, now), "stayed: still excluded");
         assert!(!new.is_excluded(&c, now), "new: fresh");
         assert!(!new.is_excluded(&b, now), "gone: not in the new table");
+        assert!(new.covers(&c) && !new.covers(&b));
         assert_eq!(new.addrs().count(), 2);
         // A request routed in the old set still excludes for the new one.
         new.clear(&a, now);

@@ -57,13 +57,16 @@ impl HealthCheck for RestoreOnHealthy {
         let Some(addr) = target.as_inet() else {
             return result;
         };
+        let exclusions = (self.exclusions)();
         let streak = {
             let mut streaks = self.streaks.lock().unwrap_or_else(|e| e.into_inner());
+            // Backends discovery removed leave with their streaks.
+            streaks.retain(|a, _| exclusions.covers(a));
             let streak = streaks.entry(*addr).or_default();
             *streak = if result.is_ok() { *streak + 1 } else { 0 };
             *streak
         };
-        if streak >= self.consecutive_ok && (self.exclusions)().clear(addr, Instant::now()) {
+        if streak >= self.consecutive_ok && exclusions.clear(addr, Instant::now()) {
             info!(
                 event = "backend_restored",
                 model = self.model.as_str(),

@@ -339,6 +339,32 @@ mod tests {
     }
 
     #[test]
+    fn a_name_that_gains_a_fifth_ip_moves_a_fifth_of_its_keys_all_to_it() {
+        use crate::routing::{Affinity, Policy, Request, Router, Status};
+        let ip = |i: u8| SocketAddr::from(([10, 0, 0, i], 8000));
+        let mut e = Entries::new(&[entry(0, name("vllm.test"), 1)]);
+        let first = |e: &Entries, key: &str| {
+            let router = Router::new(&Policy::default(), e.members());
+            let req = Request::new(Affinity::Key(key.as_bytes()), &[]);
+            router.rank(req, |_| Status::default()).unwrap()[0].addr
+        };
+        e.record(0, Ok((1..=4).map(ip).collect()));
+        let keys: Vec<String> = (0..2000).map(|i| format!("session-{i}")).collect();
+        let before: Vec<SocketAddr> = keys.iter().map(|k| first(&e, k)).collect();
+        e.record(0, Ok((1..=5).map(ip).collect()));
+        let mut moved = 0;
+        for (k, was) in keys.iter().zip(&before) {
+            let now = first(&e, k);
+            if now != *was {
+                assert_eq!(now, ip(5), "{k} moved between the old addresses");
+                moved += 1;
+            }
+        }
+        // A fifth of 2000 is 400; the bounds are about 4 standard deviations.
+        assert!((330..=470).contains(&moved), "{moved} of 2000 moved");
+    }
+
+    #[test]
     fn a_name_that_never_resolved_is_reported_at_start() {
         let config = GatewayConfig::from_yaml(
             "gateway:\n  discovery: {nameservers: [\"127.0.0.1:9\"], refresh_secs: 0.3}\n  models:\n    - name: m\n      addresses: [\"127.0.0.1:1\", \"nowhere.test:80\"]\n",
