@@ -257,14 +257,9 @@ fn route(args: &Args) -> Result<Vec<String>, String> {
     };
     let model = &config.models[index];
     // Every model's names, as the daemon (and -t) resolves them at start.
-    let mut resolved = discovery::resolve_at_start(&config).map_err(|e| format!("{file}: {e}"))?;
-    let allowed = resolved
-        .check(config.discovery.allow_unresolved)
-        .map_err(|name| format!("{file}: {name}"))?;
-    for name in allowed {
-        eprintln!(
-            "poimen-gateway: {file}: warning: {name} (allowed by discovery.allow_unresolved)"
-        );
+    let mut resolved = discovery::resolve_checked(&config).map_err(|e| format!("{file}: {e}"))?;
+    for name in &resolved.unresolved {
+        eprintln!("poimen-gateway: {file}: {}", name.warning());
     }
     let (_, entries) = resolved.models.swap_remove(index);
     let body;

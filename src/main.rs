@@ -50,35 +50,18 @@ fn run() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let resolved = match discovery::resolve_at_start(&config) {
+    let resolved = match discovery::resolve_checked(&config) {
         Ok(resolved) => resolved,
         Err(e) => {
             eprintln!("poimen-gateway: {path}: {e}");
             return ExitCode::from(2);
         }
     };
-    let unresolved = match resolved.check(config.discovery.allow_unresolved) {
-        Ok(allowed) => allowed,
-        Err(name) => {
-            eprintln!("poimen-gateway: {path}: {name}");
-            return ExitCode::from(2);
-        }
-    };
-    // Allowed: the daemon starts without those names' backends and adds
-    // them when they resolve.
-    for name in unresolved {
-        if test_only {
-            eprintln!(
-                "poimen-gateway: {path}: warning: {name} (allowed by discovery.allow_unresolved)"
-            );
-        } else {
-            log::warn!(
-                event = "discovery_failing",
-                field = name.field.as_str(),
-                name = name.name.as_str(),
-                error = name.error.as_str();
-                "starting without its backends (discovery.allow_unresolved)"
-            );
+    // Names allowed not to resolve: the daemon adds their backends later.
+    for name in &resolved.unresolved {
+        match test_only {
+            true => eprintln!("poimen-gateway: {path}: {}", name.warning()),
+            false => name.log_allowed(),
         }
     }
     if test_only {

@@ -14,7 +14,7 @@ mod service;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-pub use resolver::Resolver;
+use resolver::Resolver;
 pub use service::{Discovery, Refresh};
 
 use crate::config::{BackendConfig, DiscoveryConfig, GatewayConfig, Target};
@@ -38,15 +38,8 @@ struct Entry {
 /// A name's lookup changed between failing and resolving: log it once.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Change {
-    Failing {
-        field: String,
-        name: String,
-        error: String,
-    },
-    Recovered {
-        field: String,
-        name: String,
-    },
+    Failing(Unresolved),
+    Recovered { field: String, name: String },
 }
 
 /// A name that did not resolve: where it is configured and why.
@@ -104,7 +97,7 @@ impl Entries {
                     .then_some(Change::Recovered { field, name })
             }
             Err(error) => (!std::mem::replace(&mut entry.failing, true))
-                .then_some(Change::Failing { field, name, error }),
+                .then_some(Change::Failing(Unresolved { field, name, error })),
         }
     }
 
@@ -186,14 +179,32 @@ pub struct AtStart {
     pub unresolved: Vec<Unresolved>,
 }
 
-impl AtStart {
-    /// As `-t` judges it: `Err` with the first name that does not resolve,
-    /// unless `allow_unresolved`; then `Ok` with those to warn about.
-    pub fn check(&self, allow_unresolved: bool) -> Result<&[Unresolved], &Unresolved> {
-        match self.unresolved.first() {
-            Some(first) if !allow_unresolved => Err(first),
-            _ => Ok(&self.unresolved),
-        }
+/// [`resolve_at_start`], judged as `-t` judges it: `Err` with the message
+/// for the first name that does not resolve, unless
+/// `discovery.allow_unresolved`; then those names are only to warn about.
+pub fn resolve_checked(config: &GatewayConfig) -> Result<AtStart, String> {
+    let resolved = resolve_at_start(config)?;
+    match resolved.unresolved.first() {
+        Some(first) if !config.discovery.allow_unresolved => Err(first.to_string()),
+        _ => Ok(resolved),
+    }
+}
+
+impl Unresolved {
+    /// The warning of a name allowed not to resolve, for `-t` and `route`.
+    pub fn warning(&self) -> String {
+        format!("warning: {self} (allowed by discovery.allow_unresolved)")
+    }
+
+    /// The daemon's log line for it: the name's first `discovery_failing`.
+    pub fn log_allowed(&self) {
+        log::warn!(
+            event = "discovery_failing",
+            field = self.field.as_str(),
+            name = self.name.as_str(),
+            error = self.error.as_str();
+            "starting without its backends (discovery.allow_unresolved)"
+        );
     }
 }
 
@@ -215,9 +226,8 @@ pub fn resolve_at_start(config: &GatewayConfig) -> Result<AtStart, String> {
         runtime.block_on(async {
             for (_, entries) in &mut models {
                 for (i, result) in lookup_round(&config.discovery, entries.names()).await {
-                    if let Some(Change::Failing { field, name, error }) = entries.record(i, result)
-                    {
-                        unresolved.push(Unresolved { field, name, error });
+                    if let Some(Change::Failing(name)) = entries.record(i, result) {
+                        unresolved.push(name);
                     }
                 }
             }
@@ -298,11 +308,11 @@ mod tests {
         let failing = e.record(0, Err("SERVFAIL".into()));
         assert_eq!(
             failing,
-            Some(Change::Failing {
+            Some(Change::Failing(Unresolved {
                 field: "gateway.models[0].addresses[0]".into(),
                 name: "a.test:8000".into(),
                 error: "SERVFAIL".into()
-            })
+            }))
         );
         assert_eq!(e.record(0, Err("timeout".into())), None, "still failing");
         assert!(e.members().contains(&(first[0], 2)), "last answer kept");
@@ -381,8 +391,7 @@ mod tests {
             ),
             "{u}"
         );
-        assert_eq!(at_start.check(false), Err(u));
-        assert_eq!(at_start.check(true), Ok(&at_start.unresolved[..]));
+        assert_eq!(resolve_checked(&config).err(), Some(u.to_string()));
         assert_eq!(at_start.models[0].1.members(), [(sa("127.0.0.1:1"), 1)]);
     }
 

@@ -62,12 +62,12 @@ impl Discovery {
                     .inc();
             }
             match entries.record(i, result) {
-                Some(Change::Failing { field, name, error }) => warn!(
+                Some(Change::Failing(failing)) => warn!(
                     event = "discovery_failing",
                     model = self.model.as_str(),
-                    field = field.as_str(),
-                    name = name.as_str(),
-                    error = error.as_str();
+                    field = failing.field.as_str(),
+                    name = failing.name.as_str(),
+                    error = failing.error.as_str();
                     "keeping its last good addresses"
                 ),
                 Some(Change::Recovered { field, name }) => info!(
