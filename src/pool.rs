@@ -136,7 +136,9 @@ impl ModelPool {
     /// The first discovery hands over the set resolved at start without
     /// waiting (see `Discovery`): run it now, so the pool serves at once.
     fn first_update(&self) {
-        let update = std::pin::pin!(self.backends.update(|set| self.rebuild(&set)));
+        let update = std::pin::pin!(self.backends.update(|set| {
+            self.rebuild(&set);
+        }));
         match Future::poll(update, &mut Context::from_waker(Waker::noop())) {
             Poll::Ready(Ok(())) => {}
             Poll::Ready(Err(e)) => error!("{}: first discovery failed: {e}", self.name),
@@ -157,16 +159,32 @@ impl ModelPool {
     /// Run discovery; rebuild the members if the set changed; let go of
     /// retired backends no request holds any more.
     pub async fn refresh(&self) {
-        if let Err(e) = self.backends.update(|set| self.rebuild(&set)).await {
+        let mut change = None;
+        if let Err(e) = self
+            .backends
+            .update(|set| change = Some(self.rebuild(&set)))
+            .await
+        {
             error!("{}: discovery failed: {e}", self.name);
+        }
+        if let Some(change) = change.filter(|c| !(c.added.is_empty() && c.removed.is_empty())) {
+            let list = |v: &[SocketAddr]| v.iter().map(|a| a.to_string()).collect::<Vec<_>>();
+            info!(
+                event = "backends_changed",
+                model = self.name.as_str(),
+                added:serde = list(&change.added),
+                removed:serde = list(&change.removed),
+                backends = self.members.load().addrs().len();
+                ""
+            );
         }
         self.sweep();
     }
 
     /// New members for `set`: kept backends keep their state, returning
     /// ones (still busy since they left) take theirs back, new ones start
-    /// empty; those that left are retired.
-    fn rebuild(&self, set: &BTreeSet<Backend>) {
+    /// empty; those that left are retired. Returns what changed.
+    fn rebuild(&self, set: &BTreeSet<Backend>) -> Diff {
         let listed: Vec<(SocketAddr, u32)> = set
             .iter()
             .filter_map(|b| Some((*b.as_inet()?, u32::try_from(b.weight).ok()?)))
@@ -197,17 +215,7 @@ impl ModelPool {
             exclusions: Arc::new(old.exclusions.carried_to(&addrs)),
             admissions,
         }));
-        if !(change.added.is_empty() && change.removed.is_empty()) {
-            let list = |v: &[SocketAddr]| v.iter().map(|a| a.to_string()).collect::<Vec<_>>();
-            info!(
-                event = "backends_changed",
-                model = self.name.as_str(),
-                added:serde = list(&change.added),
-                removed:serde = list(&change.removed),
-                backends = addrs.len();
-                ""
-            );
-        }
+        change
     }
 
     /// A new backend's admission, with its metric series created at zero.
