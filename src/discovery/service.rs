@@ -121,9 +121,14 @@ impl BackgroundService for Refresh {
                     }
                 }
                 () = tokio::time::sleep(self.every) => {
+                    // Side by side: a model whose DNS server is down (its
+                    // lookups wait out their deadline) delays no other.
+                    let mut rounds = tokio::task::JoinSet::new();
                     for pool in &self.pools {
-                        pool.refresh().await;
+                        let pool = pool.clone();
+                        rounds.spawn(async move { pool.refresh().await });
                     }
+                    while rounds.join_next().await.is_some() {}
                 }
             }
         }
