@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Instant;
 
 use async_trait::async_trait;
@@ -21,17 +21,19 @@ use pingora::lb::Backend;
 use pingora::prelude::HttpPeer;
 
 use crate::config::{HealthCheckConfig, ModelConfig};
-use crate::exclusion::Exclusions;
-use crate::tls;
+use crate::exclusion::CurrentExclusions;
+use crate::tls::{self, BackendTls};
 
 pub struct RestoreOnHealthy {
     /// Probes the plain backends.
     probe: HttpHealthCheck,
-    /// One probe per TLS backend: each has its own SNI.
-    tls_probes: HashMap<SocketAddr, HttpHealthCheck>,
+    /// The TLS backends' probes, one per SNI (a name's addresses share
+    /// one); a backend's `BackendTls` rides in its `ext` (see `discovery`).
+    tls_probes: HashMap<String, HttpHealthCheck>,
     model: String,
     consecutive_ok: usize,
-    exclusions: Arc<Exclusions>,
+    /// The current set's exclusions: the set may change between checks.
+    exclusions: CurrentExclusions,
     /// Consecutive healthy answers per backend.
     streaks: Mutex<HashMap<SocketAddr, usize>>,
 }
@@ -41,22 +43,24 @@ impl RestoreOnHealthy {
         config: &HealthCheckConfig,
         model: &ModelConfig,
         upstream_ca_file: Option<&str>,
-        exclusions: Arc<Exclusions>,
+        exclusions: CurrentExclusions,
     ) -> Self {
+        // A probe's address is replaced by each backend's at each check.
+        let anywhere = SocketAddr::from(([0, 0, 0, 0], 1));
         let tls_probes = model
             .backends
             .iter()
             .filter_map(|b| {
-                let mut probe = probe(config, tls::backend_peer(b.addr, Some(b.tls.as_ref()?)));
+                let t = b.tls.as_ref()?;
+                let mut probe = probe(config, tls::backend_peer(anywhere, Some(t)));
                 // Connections are not reused (`reuse_connection` is off), so
                 // the probe's connector needs no pool.
                 let options = tls::trusting(ConnectorOptions::new(0), upstream_ca_file);
                 probe.set_connector(Connector::new(Some(options)));
-                Some((b.addr, probe))
+                Some((t.sni.clone(), probe))
             })
             .collect();
-        // Its address is replaced by each backend's at each check.
-        let plain = tls::backend_peer(SocketAddr::from(([0, 0, 0, 0], 1)), None);
+        let plain = tls::backend_peer(anywhere, None);
         RestoreOnHealthy {
             probe: probe(config, plain),
             tls_probes,
@@ -74,15 +78,21 @@ impl HealthCheck for RestoreOnHealthy {
         let Some(addr) = target.as_inet() else {
             return self.probe.check(target).await;
         };
-        let probe = self.tls_probes.get(addr).unwrap_or(&self.probe);
+        let exclusions = (self.exclusions)();
+        let probe = match target.ext.get::<BackendTls>() {
+            Some(t) => self.tls_probes.get(&t.sni).unwrap_or(&self.probe),
+            None => &self.probe,
+        };
         let result = probe.check(target).await;
         let streak = {
             let mut streaks = self.streaks.lock().unwrap_or_else(|e| e.into_inner());
+            // Backends discovery removed leave with their streaks.
+            streaks.retain(|a, _| exclusions.covers(a));
             let streak = streaks.entry(*addr).or_default();
             *streak = if result.is_ok() { *streak + 1 } else { 0 };
             *streak
         };
-        if streak >= self.consecutive_ok && self.exclusions.clear(addr, Instant::now()) {
+        if streak >= self.consecutive_ok && exclusions.clear(addr, Instant::now()) {
             info!(
                 event = "backend_restored",
                 model = self.model.as_str(),

@@ -8,6 +8,7 @@ pub mod admission;
 pub mod auth;
 pub mod body;
 pub mod config;
+pub mod discovery;
 pub mod errors;
 pub mod exclusion;
 pub mod explain;

@@ -13,6 +13,7 @@ use pingora::services::background::background_service;
 use poimen_gateway::auth::fetch::{self, Refresher};
 use poimen_gateway::auth::jwt::Verifier;
 use poimen_gateway::config::{GatewayConfig, JwtConfig};
+use poimen_gateway::discovery;
 use poimen_gateway::logging;
 use poimen_gateway::proxy::Gateway;
 use poimen_gateway::tls;
@@ -72,6 +73,20 @@ fn run() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let resolved = match discovery::resolve_checked(&config) {
+        Ok(resolved) => resolved,
+        Err(e) => {
+            eprintln!("poimen-gateway: {path}: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    // Names allowed not to resolve: the daemon adds their backends later.
+    for name in &resolved.unresolved {
+        match test_only {
+            true => eprintln!("poimen-gateway: {path}: {}", name.warning()),
+            false => name.log_allowed(),
+        }
+    }
     if test_only {
         if let Some((verifier, _)) = &jwt {
             println!("poimen-gateway: {path}: JWKS: {} keys", verifier.keys());
@@ -88,7 +103,8 @@ fn run() -> ExitCode {
         config.upstream_ca_file.as_deref(),
     );
     let (verifier, refresher) = jwt.unzip();
-    let (gateway, health_checks) = Gateway::new(config, verifier);
+    let (gateway, health_checks) = Gateway::new(config, verifier, resolved);
+    let refresh = gateway.refresh_service();
     let mut proxy = ProxyServiceBuilder::new(&server.configuration, gateway)
         .client_options(upstream)
         .build();
@@ -108,6 +124,9 @@ fn run() -> ExitCode {
     }
     if let Some(refresher) = refresher.flatten() {
         server.add_service(background_service("jwks refresh", refresher));
+    }
+    if let Some(refresh) = refresh {
+        server.add_service(background_service("discovery", refresh));
     }
     if server.configuration.daemon {
         logging::prepare_for_fork();

@@ -5,7 +5,7 @@
 //! addresses) and fixed words (route, reason, status class): never from keys,
 //! paths or anything else a client sends, so series stay bounded.
 
-use std::sync::{Arc, LazyLock};
+use std::sync::LazyLock;
 use std::time::Instant;
 
 use prometheus::core::{Collector, Desc};
@@ -17,7 +17,7 @@ use prometheus::{
 };
 
 use crate::admission::Gauges;
-use crate::exclusion::Exclusions;
+use crate::exclusion::CurrentExclusions;
 
 fn counter(name: &str, help: &str) -> IntCounter {
     register_int_counter!(name, help).expect("metric names are unique and valid")
@@ -180,11 +180,20 @@ pub static TIME_TO_FIRST_BYTE: LazyLock<HistogramVec> = LazyLock::new(|| {
     .expect("metric names are unique and valid")
 });
 
+/// Failed lookups of a model's backend names (see `discovery`).
+pub static DISCOVERY_ERRORS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter_vec(
+        "poimen_gateway_discovery_errors_total",
+        "Failed or empty DNS lookups of the model's backend names (the last good addresses are kept)",
+        &["model"],
+    )
+});
+
 /// `poimen_gateway_backend_excluded{model,backend}`: 0/1, read from each
 /// model's exclusions at scrape time, so it falls back to 0 when the window
-/// ends.
+/// ends, and a backend that left the set leaves the metric.
 struct ExclusionCollector {
-    models: Vec<(String, Arc<Exclusions>)>,
+    models: Vec<(String, CurrentExclusions)>,
     gauge: IntGaugeVec,
 }
 
@@ -195,7 +204,9 @@ impl Collector for ExclusionCollector {
 
     fn collect(&self) -> Vec<MetricFamily> {
         let now = Instant::now();
-        for (model, exclusions) in &self.models {
+        self.gauge.reset();
+        for (model, current) in &self.models {
+            let exclusions = current();
             for addr in exclusions.addrs() {
                 let g: IntGauge = self.gauge.with_label_values(&[model, &addr.to_string()]);
                 g.set(i64::from(exclusions.is_excluded(addr, now)));
@@ -206,7 +217,7 @@ impl Collector for ExclusionCollector {
 }
 
 /// Export the exclusion state of these models' backends.
-pub fn register_exclusions(models: Vec<(String, Arc<Exclusions>)>) {
+pub fn register_exclusions(models: Vec<(String, CurrentExclusions)>) {
     let gauge = IntGaugeVec::new(
         Opts::new(
             "poimen_gateway_backend_excluded",
@@ -246,4 +257,44 @@ pub fn init_backend(model: &str, backend: &str) {
     TIME_TO_FIRST_BYTE.with_label_values(&[model]);
     LazyLock::force(&WARMUP_DELAYED);
     LazyLock::force(&QUEUE_WAIT);
+}
+
+/// Create a model's discovery error count at zero.
+pub fn init_discovery(model: &str) {
+    DISCOVERY_ERRORS.with_label_values(&[model]);
+}
+
+/// Remove every series of a backend that left the set and is idle, so
+/// that backends coming and going do not add series without end.
+pub fn remove_backend(model: &str, backend: &str) {
+    for vec in [&*INFLIGHT, &*QUEUE_DEPTH] {
+        let _ = vec.remove_label_values(&[model, backend]);
+    }
+    for vec in [
+        &*BACKEND_FAILURES,
+        &*PREFIX_CACHE_HIT_TOKENS,
+        &*PROMPT_TOKENS,
+        &*USAGE_MISSING,
+        &*QUEUE_REJECTED,
+        &*REQUESTS,
+    ] {
+        remove_matching(vec, model, backend);
+    }
+}
+
+/// Remove the series of `vec` labelled with this model and backend,
+/// whatever their other labels (route, code, reason).
+fn remove_matching(vec: &IntCounterVec, model: &str, backend: &str) {
+    for family in vec.collect() {
+        for metric in family.get_metric() {
+            let labels: std::collections::HashMap<&str, &str> = metric
+                .get_label()
+                .iter()
+                .map(|l| (l.name(), l.value()))
+                .collect();
+            if labels.get("model") == Some(&model) && labels.get("backend") == Some(&backend) {
+                let _ = vec.remove(&labels);
+            }
+        }
+    }
 }

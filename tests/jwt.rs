@@ -185,6 +185,19 @@ async fn every_refusal_is_a_401_with_its_reason_counted_and_no_token_logged() {
     );
     // Start-up, and the unknown key's refetch.
     assert_eq!(idp.count(), 2);
+    // Lines reach stderr through the log writer: wait for them all.
+    let auth_lines = || {
+        gw.log_lines()
+            .into_iter()
+            .filter(|l| l["event"] == "auth_failed")
+            .count()
+    };
+    let expected = refused.len() + 3;
+    eventually("every refusal logged", || async {
+        auth_lines() >= expected
+    })
+    .await;
+    assert_eq!(auth_lines(), expected);
     let logged = gw.stderr();
     for token in good.iter().chain(refused.iter().map(|(t, _)| t)) {
         // Even its signature alone.
@@ -195,12 +208,6 @@ async fn every_refusal_is_a_401_with_its_reason_counted_and_no_token_logged() {
             "a signature was logged"
         );
     }
-    let debug_lines = gw
-        .log_lines()
-        .into_iter()
-        .filter(|l| l["event"] == "auth_failed")
-        .count();
-    assert_eq!(debug_lines, refused.len() + 3);
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -8,6 +8,7 @@ mod bad_input;
 mod balance;
 mod bodies;
 mod config_check;
+mod discovery;
 mod explain;
 mod failover;
 mod fuzz;

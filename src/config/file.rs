@@ -57,6 +57,9 @@ pub struct GatewayFile {
     pub routing: RoutingFile,
     #[serde(default)]
     pub warmup: WarmupFile,
+    /// How backends given by DNS name are resolved.
+    #[serde(default)]
+    pub discovery: DiscoveryFile,
     pub models: Vec<ModelFile>,
 }
 
@@ -90,6 +93,35 @@ pub struct UpstreamTlsFile {
     /// PEM CA certificates that backends' certificates must chain to.
     /// Default: the system's trust store.
     pub ca_file: Option<String>,
+}
+
+/// Backends by DNS name (see `discovery`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DiscoveryFile {
+    /// Names are resolved again this often, in seconds (fractions allowed,
+    /// 0.1..3600). Default 10.
+    #[serde(default = "default_refresh_secs")]
+    pub refresh_secs: f64,
+    /// DNS servers (`IP:port`) asked instead of /etc/resolv.conf's, e.g.
+    /// Consul's `127.0.0.1:8600`. /etc/hosts is read either way. Default:
+    /// none (the system's).
+    #[serde(default)]
+    pub nameservers: Vec<String>,
+    /// Start even when a name does not resolve (its backends join when it
+    /// does). Default false: refused at start.
+    #[serde(default)]
+    pub allow_unresolved: bool,
+}
+
+impl Default for DiscoveryFile {
+    fn default() -> Self {
+        DiscoveryFile {
+            refresh_secs: default_refresh_secs(),
+            nameservers: Vec::new(),
+            allow_unresolved: false,
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -268,7 +300,8 @@ pub enum OneOrMany {
 #[serde(deny_unknown_fields)]
 pub struct ModelFile {
     pub name: String,
-    /// A single backend (CAG-3 AC1 keeps this form working).
+    /// A single backend (CAG-3 AC1 keeps this form working): `IP:port`, or
+    /// `name:port` for every address the name resolves to.
     pub address: Option<String>,
     /// Several backends, each a string or `{address, weight, tls, sni}`.
     pub addresses: Option<Vec<Entry<AddressFile>>>,
@@ -383,6 +416,9 @@ impl<'de, M: Deserialize<'de> + From<String>> Deserialize<'de> for Entries<M> {
     }
 }
 
+fn default_refresh_secs() -> f64 {
+    10.0
+}
 fn default_listen() -> Entries<ListenerFile> {
     Entries(vec![ListenerFile::from("0.0.0.0:8080".to_string())])
 }

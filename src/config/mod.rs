@@ -26,8 +26,8 @@ use crate::tls::material;
 use crate::tls::{BackendTls, ListenerTls};
 pub use file::Overflow;
 use file::{
-    AddressFile, AuthFile, GatewayFile, HealthCheckFile, JwtFile, KeylessFile, ListenerFile,
-    ListenerTlsFile, ModelFile, OneOrMany, RoutingFile, UpstreamTlsFile,
+    AddressFile, AuthFile, DiscoveryFile, GatewayFile, HealthCheckFile, JwtFile, KeylessFile,
+    ListenerFile, ListenerTlsFile, ModelFile, OneOrMany, RoutingFile, UpstreamTlsFile,
 };
 
 /// The validated gateway configuration.
@@ -52,6 +52,7 @@ pub struct GatewayConfig {
     pub queue_timeout: Duration,
     pub overflow: Overflow,
     pub warmup: WarmupConfig,
+    pub discovery: DiscoveryConfig,
     pub models: Vec<ModelConfig>,
 }
 
@@ -81,6 +82,16 @@ pub enum JwksSource {
     },
 }
 
+/// How backends given by DNS name are resolved (see `discovery`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DiscoveryConfig {
+    pub refresh: Duration,
+    /// Asked instead of the system's servers; empty: /etc/resolv.conf's.
+    pub nameservers: Vec<SocketAddr>,
+    /// Start although a name does not resolve yet.
+    pub allow_unresolved: bool,
+}
+
 #[derive(Debug, Clone)]
 pub struct HealthCheckConfig {
     pub path: String,
@@ -105,12 +116,42 @@ pub struct ModelConfig {
     pub policy: Policy,
 }
 
+/// One `address`/`addresses` entry.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BackendConfig {
-    pub addr: SocketAddr,
+    pub target: Target,
     pub weight: u32,
     /// TLS to this backend; none: plain HTTP.
     pub tls: Option<BackendTls>,
+    /// Where it is configured, for messages: `gateway.models[0].addresses[1]`.
+    pub field: String,
+}
+
+/// Where an entry's backends are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// A literal `IP:port`: one backend, never resolved.
+    Addr(SocketAddr),
+    /// `name:port`: a backend per address the name resolves to.
+    Name { host: String, port: u16 },
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Addr(a) => a.fmt(f),
+            Target::Name { host, port } => write!(f, "{host}:{port}"),
+        }
+    }
+}
+
+impl ModelConfig {
+    /// Whether any entry is a DNS name.
+    pub fn uses_names(&self) -> bool {
+        self.backends
+            .iter()
+            .any(|b| matches!(b.target, Target::Name { .. }))
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -174,6 +215,9 @@ const HEALTH_CONSECUTIVE_OK: Bound = Bound::new(1, 100);
 const KEYLESS_PREFIX_BYTES: Bound = Bound::new(1, 1 << 20);
 const LEEWAY_SECS: Bound = Bound::new(0, 600);
 const JWKS_REFRESH_SECS: Bound = Bound::new(1, 86_400);
+/// `discovery.refresh_secs`: at least 0.1 (tests change DNS quickly), at
+/// most an hour.
+const REFRESH_SECS: (f64, f64) = (0.1, 3600.0);
 /// `balance_factor`: above 1 (1 would forbid any imbalance), at most 10.
 const BALANCE_FACTOR: (f64, f64) = (1.0, 10.0);
 
@@ -263,6 +307,59 @@ fn socket_addr(path: &str, value: &str) -> Result<SocketAddr, ConfigError> {
         .map_err(|_| invalid(path, value, "not host:port (an IP address and a port)"))
 }
 
+/// `IP:port`, or `name:port` with a DNS name (letters, digits, `-` and
+/// `_` in dot-separated labels of at most 63, 253 in all, at least one
+/// letter: `300.1.1.1:80` is a mistyped address, not a name).
+fn target(path: &str, value: &str) -> Result<Target, ConfigError> {
+    if let Ok(addr) = value.parse() {
+        return Ok(Target::Addr(addr));
+    }
+    let rule = "not host:port (an IP address or a DNS name, and a port)";
+    let (host, port) = value
+        .rsplit_once(':')
+        .ok_or_else(|| invalid(path, value, rule))?;
+    let port: u16 = port.parse().map_err(|_| invalid(path, value, rule))?;
+    let labels = host.strip_suffix('.').unwrap_or(host);
+    let label_ok = |l: &str| {
+        (1..=63).contains(&l.len())
+            && l.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    };
+    let named = labels.len() <= 253
+        && labels.split('.').all(label_ok)
+        && labels.bytes().any(|b| b.is_ascii_alphabetic());
+    if !named || port == 0 {
+        return Err(invalid(path, value, rule));
+    }
+    Ok(Target::Name {
+        host: host.to_string(),
+        port,
+    })
+}
+
+fn validate_discovery(d: DiscoveryFile) -> Result<DiscoveryConfig, ConfigError> {
+    let at = "gateway.discovery";
+    let nameservers = d
+        .nameservers
+        .iter()
+        .enumerate()
+        .map(|(i, s)| socket_addr(&format!("{at}.nameservers[{i}]"), s))
+        .collect::<Result<_, _>>()?;
+    let (lo, hi) = REFRESH_SECS;
+    if !(lo..=hi).contains(&d.refresh_secs) {
+        return Err(invalid(
+            format!("{at}.refresh_secs"),
+            d.refresh_secs,
+            &format!("must be between {lo} and {hi}"),
+        ));
+    }
+    Ok(DiscoveryConfig {
+        refresh: Duration::from_secs_f64(d.refresh_secs),
+        nameservers,
+        allow_unresolved: d.allow_unresolved,
+    })
+}
+
 fn validate(file: GatewayFile) -> Result<GatewayConfig, ConfigError> {
     let (listen, metrics_listen) = validate_listeners(file.listen.0, &file.metrics_listen)?;
     let (api_keys, jwt, upstream_api_key) = validate_auth(file.auth)?;
@@ -306,6 +403,7 @@ fn validate(file: GatewayFile) -> Result<GatewayConfig, ConfigError> {
             delay: ms(WARMUP_DELAY_MS.check("gateway.warmup.delay_ms", file.warmup.delay_ms)?),
             vllm_priority: file.warmup.vllm_priority,
         },
+        discovery: validate_discovery(file.discovery)?,
         models: validate_models(file.models, default_limits, replicas, &routing)?,
     })
 }
@@ -376,20 +474,23 @@ fn validate_upstream_tls(u: UpstreamTlsFile) -> Result<Option<String>, ConfigErr
     Ok(u.ca_file)
 }
 
-/// TLS to a backend at `addr`, if asked for. The SNI must be a name rustls
-/// can verify: an empty one would make Pingora skip verification.
+/// TLS to the backends of `target`, if asked for. Without `sni`, a name's
+/// backends are verified against the name, an address's against its IP.
+/// The SNI must be a name rustls can verify: an empty one would make
+/// Pingora skip verification.
 fn validate_backend_tls(
     at: &str,
     entry: &AddressFile,
-    addr: SocketAddr,
+    target: &Target,
 ) -> Result<Option<BackendTls>, ConfigError> {
-    let sni = match (entry.tls, &entry.sni) {
-        (false, None) => return Ok(None),
-        (false, Some(sni)) => {
+    let sni = match (entry.tls, &entry.sni, target) {
+        (false, None, _) => return Ok(None),
+        (false, Some(sni), _) => {
             return Err(invalid(format!("{at}.sni"), sni, "needs `tls: true`"));
         }
-        (true, Some(sni)) => sni.clone(),
-        (true, None) => addr.ip().to_string(),
+        (true, Some(sni), _) => sni.clone(),
+        (true, None, Target::Addr(addr)) => addr.ip().to_string(),
+        (true, None, Target::Name { host, .. }) => host.trim_end_matches('.').to_string(),
     };
     if rustls::pki_types::ServerName::try_from(sni.as_str()).is_err() {
         return Err(invalid(
@@ -646,8 +747,8 @@ fn validate_model(
     let mut backends: Vec<BackendConfig> = Vec::new();
     for (i, entry) in entries.iter().enumerate() {
         let at = format!("{list_path}[{i}]");
-        let addr = socket_addr(&at, &entry.address)?;
-        if backends.iter().any(|b| b.addr == addr) {
+        let target = target(&at, &entry.address)?;
+        if backends.iter().any(|b| b.target == target) {
             return Err(invalid(
                 at,
                 &entry.address,
@@ -655,8 +756,13 @@ fn validate_model(
             ));
         }
         let weight = WEIGHT.check(&format!("{at}.weight"), entry.weight)? as u32;
-        let tls = validate_backend_tls(&at, entry, addr)?;
-        backends.push(BackendConfig { addr, weight, tls });
+        let tls = validate_backend_tls(&at, entry, &target)?;
+        backends.push(BackendConfig {
+            target,
+            weight,
+            tls,
+            field: at,
+        });
     }
     let configured = Limits {
         max_num_seqs: match m.max_num_seqs {

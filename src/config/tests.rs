@@ -31,16 +31,110 @@ gateway:
         c.models[1].backends,
         vec![
             BackendConfig {
-                addr: "127.0.0.1:8001".parse().unwrap(),
+                target: Target::Addr("127.0.0.1:8001".parse().unwrap()),
                 weight: 1,
                 tls: None,
+                field: "gateway.models[1].addresses[0]".into(),
             },
             BackendConfig {
-                addr: "127.0.0.1:8002".parse().unwrap(),
+                target: Target::Addr("127.0.0.1:8002".parse().unwrap()),
                 weight: 3,
                 tls: None,
+                field: "gateway.models[1].addresses[1]".into(),
             },
         ]
+    );
+    assert_eq!(
+        c.discovery,
+        DiscoveryConfig {
+            refresh: Duration::from_secs(10),
+            nameservers: vec![],
+            allow_unresolved: false,
+        }
+    );
+}
+
+#[test]
+fn an_address_may_be_a_dns_name_and_port() {
+    let c = GatewayConfig::from_yaml(
+        r#"
+gateway:
+  discovery: {refresh_secs: 0.5, nameservers: ["127.0.0.1:5353", "[::1]:53"], allow_unresolved: true}
+  models:
+    - name: a
+      addresses: ["localhost:8000", {address: "vllm-0.vllm.default.svc.cluster.local.:8000", weight: 2}, "[::1]:8000", "gpu_1:9"]
+"#,
+    )
+    .unwrap();
+    let targets: Vec<(String, u32)> = c.models[0]
+        .backends
+        .iter()
+        .map(|b| (format!("{:?}", b.target), b.weight))
+        .collect();
+    assert_eq!(
+        targets,
+        [
+            (r#"Name { host: "localhost", port: 8000 }"#.into(), 1),
+            (
+                r#"Name { host: "vllm-0.vllm.default.svc.cluster.local.", port: 8000 }"#.into(),
+                2
+            ),
+            ("Addr([::1]:8000)".into(), 1),
+            (r#"Name { host: "gpu_1", port: 9 }"#.into(), 1),
+        ]
+    );
+    assert!(c.models[0].uses_names());
+    assert_eq!(c.discovery.refresh, Duration::from_millis(500));
+    assert_eq!(c.discovery.nameservers.len(), 2);
+    assert!(c.discovery.allow_unresolved);
+    let literal = GatewayConfig::from_yaml(MINIMAL).unwrap();
+    assert!(!literal.models[0].uses_names());
+}
+
+#[test]
+fn what_is_not_a_name_and_port_is_refused_naming_the_field() {
+    let long = format!("{}:80", vec!["a".repeat(63); 5].join("."));
+    for bad in [
+        "localhost",
+        "localhost:",
+        "localhost:0",
+        "localhost:65536",
+        ":80",
+        "300.1.1.1:80",
+        "a..b:80",
+        "-:80",
+        "bad host:80",
+        "::1:80",
+        &long,
+        &format!("{}:80", "a".repeat(64)),
+    ] {
+        let yaml =
+            format!("gateway:\n  models: [{{name: m, addresses: [\"127.0.0.1:1\", \"{bad}\"]}}]\n");
+        let got = err(&yaml);
+        let want = format!(
+            "gateway.models[0].addresses[1] = {bad:?}: not host:port (an IP address or a DNS name, and a port)"
+        );
+        assert_eq!(got, want, "{bad}");
+    }
+    for (yaml, want) in [
+        (
+            "  discovery: {refresh_secs: 0}\n",
+            "gateway.discovery.refresh_secs = 0.0: must be between 0.1 and 3600",
+        ),
+        (
+            "  discovery: {nameservers: [\"dns.local:53\"]}\n",
+            "gateway.discovery.nameservers[0] = \"dns.local:53\": not host:port",
+        ),
+        ("  discovery: {ttl: 3}\n", "unknown field `ttl`"),
+    ] {
+        let got = err(&format!(
+            "gateway:\n{yaml}  models: [{{name: m, address: \"h:1\"}}]\n"
+        ));
+        assert!(got.contains(want), "got: {got}\nwant: {want}");
+    }
+    assert!(
+        err("gateway:\n  models: [{name: m, addresses: [\"h:1\", \"h:1\"]}]\n")
+            .contains("duplicate address")
     );
 }
 

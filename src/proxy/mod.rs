@@ -42,9 +42,10 @@ use crate::admission::Permit;
 use crate::auth::{self, jwt::Verifier, Reason};
 use crate::body;
 use crate::config::{GatewayConfig, JwksSource};
+use crate::discovery::{AtStart, Discovery, Refresh};
 use crate::errors::{self, ApiError};
 use crate::metrics;
-use crate::pool::ModelPool;
+use crate::pool::{Members, ModelPool};
 use crate::retry::{self, Decision, Failure};
 use crate::routing::prefix::DerivedKey;
 use crate::routing::{Affinity, Candidate, Request};
@@ -66,6 +67,10 @@ pub struct Gateway {
 pub struct RequestCtx {
     started: Option<Instant>,
     pool: Option<Arc<ModelPool>>,
+    /// The pool's backend set this request was last routed in: it keeps
+    /// the chosen backend's state alive until the request ends, also when
+    /// discovery removes the backend meanwhile.
+    members: Option<Arc<Members>>,
     cache_key: Option<HeaderValue>,
     /// No header, `keyless: prefix`: the key derived from the body.
     derived_key: Option<DerivedKey>,
@@ -132,17 +137,21 @@ impl RequestCtx {
 }
 
 impl Gateway {
-    /// The gateway, and the health-check services to run beside it. `jwt`
-    /// verifies tokens when `config.jwt` is set (its keys already loaded).
+    /// The gateway over the backends resolved at start, and the
+    /// health-check services to run beside it. `jwt` verifies tokens when
+    /// `config.jwt` is set (its keys already loaded).
     pub fn new(
         config: GatewayConfig,
         jwt: Option<Verifier>,
+        resolved: AtStart,
     ) -> (Self, Vec<(String, HealthCheckService)>) {
         let mut services = Vec::new();
         let mut pools = HashMap::new();
-        for m in &config.models {
+        for (m, (_, entries)) in config.models.iter().zip(resolved.models) {
+            let discovery = Discovery::new(&m.name, &config.discovery, entries);
             let (pool, health) = ModelPool::new(
                 m,
+                discovery,
                 config.failure_exclusion,
                 config.health_check.as_ref(),
                 config.upstream_ca_file.as_deref(),
@@ -156,7 +165,7 @@ impl Gateway {
         metrics::register_exclusions(
             pools
                 .values()
-                .map(|p| (p.name.clone(), p.exclusions().clone()))
+                .map(|p| (p.name.clone(), p.current_exclusions()))
                 .collect(),
         );
         if config.api_keys.is_some() || jwt.is_some() {
@@ -188,6 +197,21 @@ impl Gateway {
             authorization.map(|v| v.as_bytes()),
         )
         .await
+    }
+
+    /// The service that re-resolves the models' DNS names, if any has one.
+    pub fn refresh_service(&self) -> Option<Refresh> {
+        let pools: Vec<Arc<ModelPool>> = self
+            .config
+            .models
+            .iter()
+            .filter(|m| m.uses_names())
+            .map(|m| self.pools[&m.name].clone())
+            .collect();
+        (!pools.is_empty()).then(|| Refresh {
+            pools,
+            every: self.config.discovery.refresh,
+        })
     }
 
     /// Pools in configuration order.
@@ -255,14 +279,14 @@ impl Gateway {
     /// window, and say why (a refused connection, a certificate that did not
     /// verify, ...).
     fn exclude(&self, ctx: &RequestCtx, addr: SocketAddr, why: &Error) {
-        let Some(pool) = &ctx.pool else {
+        let (Some(pool), Some(members)) = (&ctx.pool, &ctx.members) else {
             return;
         };
         let backend = addr.to_string();
         metrics::BACKEND_FAILURES
             .with_label_values(&[&pool.name, &backend])
             .inc();
-        if pool.exclusions().exclude(addr, Instant::now()) {
+        if members.exclusions().exclude(addr, Instant::now()) {
             warn!(
                 event = "backend_excluded",
                 model = pool.name.as_str(),
@@ -363,11 +387,12 @@ impl ProxyHttp for Gateway {
             .as_mut()
             .ok_or_else(|| Error::explain(ErrorType::InternalError, "no backend chosen"))?;
         attempt.state = AttemptState::Sent;
-        let pool = ctx
-            .pool
+        // The set the backend was chosen in, which knows how to reach it.
+        let members = ctx
+            .members
             .as_ref()
             .ok_or_else(|| Error::explain(ErrorType::InternalError, "no model chosen"))?;
-        let mut peer = pool.peer(attempt.candidate.addr);
+        let mut peer = members.peer(attempt.candidate.addr);
         peer.options.connection_timeout = Some(self.config.connect_timeout);
         // Both the wait for the response header and for each body chunk.
         peer.options.read_timeout = Some(self.config.read_timeout);

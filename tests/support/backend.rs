@@ -82,16 +82,23 @@ pub struct FakeBackend {
 
 impl FakeBackend {
     pub async fn start() -> Self {
-        FakeBackend::start_with(None).await
+        FakeBackend::start_with(SocketAddr::from(([127, 0, 0, 1], 0)), None).await
+    }
+
+    /// On `addr`: another loopback IP, or a port already used on another
+    /// IP (the backends of one DNS name share a port).
+    pub async fn start_on(addr: SocketAddr) -> Self {
+        FakeBackend::start_with(addr, None).await
     }
 
     /// An HTTPS backend serving `config`'s certificate.
     pub async fn start_tls(config: Arc<ServerConfig>) -> Self {
-        FakeBackend::start_with(Some(TlsAcceptor::from(config))).await
+        let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
+        FakeBackend::start_with(loopback, Some(TlsAcceptor::from(config))).await
     }
 
-    async fn start_with(tls: Option<TlsAcceptor>) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    async fn start_with(addr: SocketAddr, tls: Option<TlsAcceptor>) -> Self {
+        let listener = TcpListener::bind(addr).await.unwrap();
         let addr = listener.local_addr().unwrap();
         let state = Arc::new(State {
             addr,

@@ -4,6 +4,7 @@
 pub mod backend;
 pub mod certs;
 pub mod daemons;
+pub mod dns;
 pub mod gateway;
 pub mod metrics;
 pub mod ports;
