@@ -5,9 +5,11 @@
 //! addresses) and fixed words (route, reason, status class): never from keys,
 //! paths or anything else a client sends, so series stay bounded.
 
+use std::net::SocketAddr;
 use std::sync::LazyLock;
 use std::time::Instant;
 
+use http::HeaderValue;
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
 use prometheus::{
@@ -228,6 +230,50 @@ pub fn register_exclusions(models: Vec<(String, CurrentExclusions)>) {
     .expect("valid metric");
     if let Err(e) = prometheus::register(Box::new(ExclusionCollector { models, gauge })) {
         log::warn!("backend exclusion metric not registered: {e}");
+    }
+}
+
+/// A backend's per-request series and labels, resolved once when it joins
+/// the set: a request then neither formats the address nor hashes label
+/// values to count (see `pool::Members`).
+pub struct BackendSeries {
+    /// The address as the `backend` label shows it.
+    pub label: String,
+    /// The same, as the `X-Poimen-Backend` response header.
+    pub header: HeaderValue,
+    pub failures: IntCounter,
+    pub hit_tokens: IntCounter,
+    pub prompt_tokens: IntCounter,
+    pub usage_missing: IntCounter,
+}
+
+impl BackendSeries {
+    pub fn new(model: &str, addr: &SocketAddr) -> Self {
+        let label = addr.to_string();
+        let labels = [model, label.as_str()];
+        BackendSeries {
+            header: HeaderValue::from_str(&label).expect("an address is a valid header value"),
+            failures: BACKEND_FAILURES.with_label_values(&labels),
+            hit_tokens: PREFIX_CACHE_HIT_TOKENS.with_label_values(&labels),
+            prompt_tokens: PROMPT_TOKENS.with_label_values(&labels),
+            usage_missing: USAGE_MISSING.with_label_values(&labels),
+            label,
+        }
+    }
+}
+
+/// A model's per-request histograms, resolved once.
+pub struct ModelSeries {
+    pub duration: Histogram,
+    pub time_to_first_byte: Histogram,
+}
+
+impl ModelSeries {
+    pub fn new(model: &str) -> Self {
+        ModelSeries {
+            duration: REQUEST_DURATION.with_label_values(&[model]),
+            time_to_first_byte: TIME_TO_FIRST_BYTE.with_label_values(&[model]),
+        }
     }
 }
 

@@ -41,6 +41,7 @@ pub struct ModelPool {
     members: Arc<ArcSwap<Members>>,
     /// Backends that left the set, until no request holds their admission.
     retired: Mutex<Vec<(SocketAddr, Arc<Admission>)>>,
+    pub series: metrics::ModelSeries,
 }
 
 /// One backend set and the state routing reads: replaced whole when the
@@ -51,6 +52,7 @@ pub struct Members {
     admissions: HashMap<SocketAddr, Arc<Admission>>,
     /// The backends reached over TLS.
     tls: HashMap<SocketAddr, BackendTls>,
+    series: HashMap<SocketAddr, Arc<metrics::BackendSeries>>,
 }
 
 impl Members {
@@ -72,6 +74,11 @@ impl Members {
     /// The admission of one of these backends.
     pub fn admission(&self, addr: &SocketAddr) -> Option<&Arc<Admission>> {
         self.admissions.get(addr)
+    }
+
+    /// The series and labels of one of these backends.
+    pub fn series(&self, addr: &SocketAddr) -> Option<&metrics::BackendSeries> {
+        self.series.get(addr).map(|s| &**s)
     }
 
     /// The exclusion state of these backends.
@@ -122,6 +129,7 @@ impl ModelPool {
             exclusions: Arc::new(Exclusions::new(&[], window)),
             admissions: HashMap::new(),
             tls: HashMap::new(),
+            series: HashMap::new(),
         }));
         let registry = Arc::new(HealthRegistry::new());
         let service = health.map(|hc| {
@@ -142,6 +150,7 @@ impl ModelPool {
             backends: Backends::new_with_health_registry(Box::new(discovery), registry),
             members,
             retired: Mutex::default(),
+            series: metrics::ModelSeries::new(&model.name),
         };
         pool.first_update();
         (pool, service)
@@ -228,6 +237,17 @@ impl ModelPool {
             router: Router::new(&self.policy, listed),
             exclusions: Arc::new(old.exclusions.carried_to(&addrs)),
             admissions,
+            // Those that stay keep theirs; a backend back before its old
+            // series were removed finds them again.
+            series: addrs
+                .iter()
+                .map(|a| {
+                    let series = old.series.get(a).cloned();
+                    let series = series
+                        .unwrap_or_else(|| Arc::new(metrics::BackendSeries::new(&self.name, a)));
+                    (*a, series)
+                })
+                .collect(),
             tls: set
                 .iter()
                 .filter_map(|b| Some((*b.as_inet()?, b.ext.get::<BackendTls>()?.clone())))

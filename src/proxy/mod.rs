@@ -282,15 +282,14 @@ impl Gateway {
         let (Some(pool), Some(members)) = (&ctx.pool, &ctx.members) else {
             return;
         };
-        let backend = addr.to_string();
-        metrics::BACKEND_FAILURES
-            .with_label_values(&[&pool.name, &backend])
-            .inc();
+        if let Some(series) = members.series(&addr) {
+            series.failures.inc();
+        }
         if members.exclusions().exclude(addr, Instant::now()) {
             warn!(
                 event = "backend_excluded",
                 model = pool.name.as_str(),
-                backend = backend.as_str(),
+                backend:display = addr,
                 for_secs = self.config.failure_exclusion.as_secs(),
                 error = why.etype().as_str(),
                 reason:display = why;
@@ -509,7 +508,11 @@ impl ProxyHttp for Gateway {
             session.set_keepalive(None);
         }
         if let Some(a) = &ctx.attempt {
-            response.insert_header("X-Poimen-Backend", a.candidate.addr.to_string())?;
+            // The candidate came from these members (`admit`).
+            let members = ctx.members.as_ref();
+            if let Some(s) = members.and_then(|m| m.series(&a.candidate.addr)) {
+                response.insert_header("X-Poimen-Backend", s.header.clone())?;
+            }
             let route = HeaderValue::from_static(a.candidate.route.as_str());
             response.insert_header("X-Poimen-Route", route)?;
         }
