@@ -474,3 +474,45 @@ async fn without_its_keys_the_gateway_does_not_start() {
         assert!(stderr.contains(want), "{stderr}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_https_provider_is_verified_against_the_ca_file() {
+    let ca = crate::support::certs::TestCa::new("provider CA");
+    let key = TestKey::ec("ec-tls");
+    let idp = FakeBackend::start_tls(ca.leaf(&["127.0.0.1"]).server_config()).await;
+    serve(&idp, &[&key]);
+    let dir = temp_dir();
+    let ca_file = ca.write(&dir, "provider-ca.pem");
+    let b = FakeBackend::start().await;
+    let jwt = |ca_file: &str| {
+        format!(
+            "  auth:\n    jwt:\n      issuer: \"{}\"\n      audience: {}\n      \
+             jwks_url: \"https://127.0.0.1:{}/application/o/poimen/jwks/\"\n      \
+             algorithms: [ES256]\n{ca_file}",
+            test_keys::ISSUER,
+            test_keys::AUDIENCE,
+            idp.addr.port()
+        )
+    };
+
+    // The system's store does not know the test CA: no keys, no start.
+    let untrusted = check_config(&format!(
+        "gateway:\n{}{}",
+        jwt(""),
+        one_model("m", &[b.addr])
+    ));
+    let stderr = String::from_utf8_lossy(&untrusted.stderr);
+    assert!(!untrusted.status.success());
+    assert!(
+        stderr.contains("gateway.auth.jwt: https://127.0.0.1:"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("TLS"), "{stderr}");
+    assert_eq!(idp.count(), 0, "the handshake failed before any request");
+
+    let trusted = format!("      ca_file: \"{}\"\n", ca_file.display());
+    let gw = Gateway::start(&format!("{}{}", jwt(&trusted), one_model("m", &[b.addr]))).await;
+    assert_eq!(bearer(&gw, &key.sign(&claims())).await, 200);
+    assert_eq!(b.count(), 1);
+    assert_eq!(idp.count(), 1, "fetched once, at start, over TLS");
+}
