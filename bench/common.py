@@ -64,6 +64,12 @@ def nginx_bin() -> str:
     return shutil.which("nginx") or "/usr/sbin/nginx"
 
 
+def bench_venv() -> Path:
+    """The venv bench/setup.sh installs the LLM routers into (vllm-router,
+    sglang-router, pinned there): POIMEN_BENCH_VENV, default bench/.venv."""
+    return Path(os.environ.get("POIMEN_BENCH_VENV", BENCH / ".venv")).absolute()
+
+
 # --------------------------------------------------------------------------
 # ports
 

@@ -4,7 +4,12 @@
 #   Debian: nginx (proxy under comparison and the near-free fake backends),
 #           wrk (saturated HTTP load), procps (ps, for ad-hoc checks)
 #   PyPI:   aiohttp (paced / SSE / routing / overload clients), matplotlib (chart)
-# With --profile also: linux-perf, strace, curl (for bench/overhead/profile.py only).
+#   PyPI, in a venv of their own (bench/.venv, git-ignored; POIMEN_BENCH_VENV
+#           puts it elsewhere), pinned: vllm-router 0.1.17 and sglang-router
+#           0.3.2, the LLM routers bench/overhead compares the gateway with
+#           (Debian: python3-venv when Python's venv module lacks ensurepip)
+# With --profile also: linux-perf, strace, curl, heaptrack (for
+# bench/overhead/profile.py and allocs.py only).
 # The gateway itself needs what scripts/setup.sh installs (cmake, a C toolchain).
 # Installing nginx does not start the distribution's nginx service when
 # policy-rc.d forbids it (containers); if it did start one, nothing here uses
@@ -18,10 +23,12 @@ need=()
 command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || need+=(nginx)
 command -v wrk >/dev/null || need+=(wrk)
 command -v ps >/dev/null || need+=(procps)
+python3 -c 'import ensurepip' 2>/dev/null || need+=(python3-venv)
 if [ "${1:-}" = "--profile" ]; then
   command -v perf >/dev/null || need+=(linux-perf)
   command -v strace >/dev/null || need+=(strace)
   command -v curl >/dev/null || need+=(curl)
+  command -v heaptrack >/dev/null || need+=(heaptrack)
 fi
 if [ ${#need[@]} -gt 0 ]; then
   $sudo apt-get update -qq
@@ -36,5 +43,25 @@ if [ ${#pyneed[@]} -gt 0 ]; then
     python3 -m pip install -q --disable-pip-version-check --break-system-packages "${pyneed[@]}"
 fi
 
+# the routers: one venv, exact versions; pip runs only when one differs
+here="$(cd "$(dirname "$0")" && pwd)"
+venv="${POIMEN_BENCH_VENV:-$here/.venv}"
+routers=(vllm-router==0.1.17 sglang-router==0.3.2)
+"$venv/bin/python" -m pip --version >/dev/null 2>&1 || python3 -m venv --clear "$venv"
+installed() {  # name==version (or "name missing") of each pinned router, one a line
+  "$venv/bin/python" -c '
+import importlib.metadata as m, sys
+for spec in sys.argv[1:]:
+    name = spec.split("==")[0]
+    try:
+        print(f"{name}=={m.version(name)}")
+    except m.PackageNotFoundError:
+        print(f"{name} missing")
+' "${routers[@]}"
+}
+if [ "$(installed)" != "$(printf '%s\n' "${routers[@]}")" ]; then
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check "${routers[@]}"
+fi
+
 nginx_bin=$(command -v nginx || echo /usr/sbin/nginx)
-echo "bench setup: ok ($($nginx_bin -v 2>&1), $(wrk -v 2>&1 | head -1 | awk '{print $1, $2}'), aiohttp $(python3 -c 'import aiohttp; print(aiohttp.__version__)'), matplotlib $(python3 -c 'import matplotlib; print(matplotlib.__version__)'))"
+echo "bench setup: ok ($($nginx_bin -v 2>&1), $(wrk -v 2>&1 | head -1 | awk '{print $1, $2}'), aiohttp $(python3 -c 'import aiohttp; print(aiohttp.__version__)'), matplotlib $(python3 -c 'import matplotlib; print(matplotlib.__version__)'); $venv: $(installed | paste -sd ' '))"

@@ -7,12 +7,14 @@ use bytes::Bytes;
 use pingora::http::ResponseHeader;
 use pingora::{ErrorSource, ErrorType};
 
+use crate::auth::Reason;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
     #[error("{0}")]
     BadRequest(String),
-    #[error("a valid API key is required: Authorization: Bearer <key>")]
-    Unauthorized,
+    #[error("a valid API key or token is required: Authorization: Bearer <credential> ({0})")]
+    Unauthorized(Reason),
     #[error("request body is larger than the limit of {limit} bytes")]
     TooLarge { limit: usize },
     #[error("the model `{0}` does not exist")]
@@ -38,7 +40,7 @@ impl ApiError {
     pub fn status(&self) -> u16 {
         match self {
             ApiError::BadRequest(_) => 400,
-            ApiError::Unauthorized => 401,
+            ApiError::Unauthorized(_) => 401,
             ApiError::TooLarge { .. } => 413,
             ApiError::UnknownModel(_) | ApiError::NotFound { .. } => 404,
             ApiError::NoBackend { .. }
@@ -53,7 +55,7 @@ impl ApiError {
     fn kind(&self) -> (&'static str, &'static str) {
         match self {
             ApiError::BadRequest(_) => ("invalid_request_error", "invalid_body"),
-            ApiError::Unauthorized => ("invalid_request_error", "invalid_api_key"),
+            ApiError::Unauthorized(_) => ("invalid_request_error", "invalid_api_key"),
             ApiError::TooLarge { .. } => ("invalid_request_error", "body_too_large"),
             ApiError::UnknownModel(_) => ("invalid_request_error", "model_not_found"),
             ApiError::NotFound { .. } => ("invalid_request_error", "not_found"),
@@ -94,8 +96,13 @@ impl ApiError {
         if let Some(secs) = self.retry_after() {
             let _ = header.insert_header("Retry-After", secs.to_string());
         }
-        if let ApiError::Unauthorized = self {
-            let _ = header.insert_header("WWW-Authenticate", "Bearer");
+        if let ApiError::Unauthorized(reason) = self {
+            // RFC 6750 3.1: no error code when no credential was sent.
+            let challenge = match reason {
+                Reason::Missing => "Bearer",
+                _ => "Bearer error=\"invalid_token\"",
+            };
+            let _ = header.insert_header("WWW-Authenticate", challenge);
         }
         (header, body)
     }
@@ -147,6 +154,8 @@ mod tests {
         assert_eq!(status(Internal, ErrorType::WriteTimedout), Some(504));
         assert_eq!(status(Upstream, ErrorType::ConnectRefused), Some(502));
         assert_eq!(status(Upstream, ErrorType::InvalidHTTPHeader), Some(502));
+        // A backend whose certificate did not verify, when none is left.
+        assert_eq!(status(Upstream, ErrorType::TLSHandshakeFailure), Some(502));
         assert_eq!(status(Downstream, ErrorType::ReadTimedout), None);
         assert_eq!(status(Downstream, ErrorType::ConnectionClosed), None);
         let e = from_proxy_error(&Upstream, &ErrorType::ConnectRefused).unwrap();

@@ -1,16 +1,24 @@
 //! The failure exclusion window (CAG-3 AC4): a backend that failed is left
 //! out of routing for a while. Lock-free: one atomic deadline per backend,
 //! shared by the proxy (which excludes) and the health check (which may end
-//! an exclusion early).
+//! an exclusion early). A backend set that changes gets a new table
+//! ([`Exclusions::carried_to`]) in which the backends that stay keep their
+//! deadlines.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// The exclusions of a model's current backend set, for those that outlive
+/// one set (the health check, the metrics).
+pub type CurrentExclusions = Arc<dyn Fn() -> Arc<Exclusions> + Send + Sync>;
 
 pub struct Exclusions {
     /// Deadline per backend, in ms since `epoch`; 0 when not excluded.
-    until: HashMap<SocketAddr, AtomicU64>,
+    /// Shared with the tables of later sets the backend stays in.
+    until: HashMap<SocketAddr, Arc<AtomicU64>>,
     epoch: Instant,
     window: Duration,
 }
@@ -18,9 +26,23 @@ pub struct Exclusions {
 impl Exclusions {
     pub fn new(addrs: &[SocketAddr], window: Duration) -> Self {
         Exclusions {
-            until: addrs.iter().map(|a| (*a, AtomicU64::new(0))).collect(),
+            until: addrs.iter().map(|a| (*a, Arc::default())).collect(),
             epoch: Instant::now(),
             window,
+        }
+    }
+
+    /// The table of a new set, `addrs`: a backend already here keeps its
+    /// deadline (shared, so an exclusion made through this table still
+    /// counts), a new one starts not excluded.
+    pub fn carried_to(&self, addrs: &[SocketAddr]) -> Self {
+        Exclusions {
+            until: addrs
+                .iter()
+                .map(|a| (*a, self.until.get(a).cloned().unwrap_or_default()))
+                .collect(),
+            epoch: self.epoch,
+            window: self.window,
         }
     }
 
@@ -42,6 +64,11 @@ impl Exclusions {
             until.store(0, Ordering::Relaxed);
         }
         was_excluded
+    }
+
+    /// Whether `addr` is one of the backends this table covers.
+    pub fn covers(&self, addr: &SocketAddr) -> bool {
+        self.until.contains_key(addr)
     }
 
     /// The backends this window covers.
@@ -101,5 +128,25 @@ mod tests {
         assert!(!ex.clear(&b, now));
         let unknown: SocketAddr = "127.0.0.1:3".parse().unwrap();
         assert!(!ex.exclude(unknown, now));
+    }
+
+    #[test]
+    fn a_new_set_keeps_the_deadlines_of_those_that_stay() {
+        let [a, b, c]: [SocketAddr; 3] =
+            ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"].map(|s| s.parse().unwrap());
+        let old = Exclusions::new(&[a, b], Duration::from_secs(30));
+        let now = Instant::now();
+        old.exclude(a, now);
+        old.exclude(b, now);
+        let new = old.carried_to(&[a, c]);
+        assert!(new.is_excluded(&a, now), "stayed: still excluded");
+        assert!(!new.is_excluded(&c, now), "new: fresh");
+        assert!(!new.is_excluded(&b, now), "gone: not in the new table");
+        assert!(new.covers(&c) && !new.covers(&b));
+        assert_eq!(new.addrs().count(), 2);
+        // A request routed in the old set still excludes for the new one.
+        new.clear(&a, now);
+        old.exclude(a, now);
+        assert!(new.is_excluded(&a, now));
     }
 }

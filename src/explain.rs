@@ -3,9 +3,9 @@
 //! answer "where does session K go, and where next if that GPU fails?".
 //!
 //! The order is [`Router::rank`]'s, the daemon's own, with no backend
-//! excluded and no load. Addresses are literal `IP:port` (the config does
-//! not accept DNS names yet), so there is nothing to resolve: they are shown
-//! as the rendezvous hash reads them.
+//! excluded and no load. DNS names are resolved as the daemon resolves them
+//! at start (`discovery::resolve_at_start`), and each backend is shown as
+//! the rendezvous hash reads it: its resolved `IP:port`.
 
 use std::ffi::OsString;
 use std::net::SocketAddr;
@@ -15,6 +15,7 @@ use std::process::ExitCode;
 use pingora::server::configuration::ServerConf;
 
 use crate::config::{GatewayConfig, ModelConfig};
+use crate::discovery::{self, Entries};
 use crate::routing::{rendezvous, Affinity, Keyless, Request, Router, Status};
 
 const USAGE: &str =
@@ -32,9 +33,10 @@ pub enum Query<'a> {
     Body { path: &'a str, body: &'a [u8] },
 }
 
-/// The backends of `model` in the order a request would try them, as lines
-/// of text: what orders them, then one line per backend.
-pub fn explain(model: &ModelConfig, query: Query) -> Vec<String> {
+/// The backends of `model` (`entries`, as resolved) in the order a request
+/// would try them, as lines of text: what orders them, what each DNS name
+/// resolved to, then one line per backend.
+pub fn explain(model: &ModelConfig, entries: &Entries, query: Query) -> Vec<String> {
     let policy = &model.policy;
     let derived = match query {
         Query::Body { path, body } => policy.derived_key(path, body),
@@ -59,17 +61,34 @@ pub fn explain(model: &ModelConfig, query: Query) -> Vec<String> {
             "no key, and routing.keyless is round_robin".to_string(),
         ),
     };
-    let router = Router::new(policy, model.backends.iter().map(|b| (b.addr, b.weight)));
+    let members = entries.members();
+    let router = Router::new(policy, members.iter().copied());
     let mut lines = vec![format!("model {}, {why}", model.name)];
+    for (name, addrs) in entries.resolved_names() {
+        let addrs: Vec<String> = addrs.iter().map(|a| a.to_string()).collect();
+        let addrs = match addrs.is_empty() {
+            true => "nothing yet (does not resolve)".to_string(),
+            false => addrs.join(", "),
+        };
+        lines.push(format!("{name} resolves to {addrs}"));
+    }
     lines.extend(match affinity {
-        Affinity::Key(key) | Affinity::Derived(key) => ranked(model, &router, affinity, key),
-        Affinity::None => round_robin(model, &router),
+        Affinity::Key(key) | Affinity::Derived(key) => {
+            ranked(&members, model, &router, affinity, key)
+        }
+        Affinity::None => round_robin(&members, &router),
     });
     lines
 }
 
 /// The rendezvous order for `key` (which `affinity` carries), best first.
-fn ranked(model: &ModelConfig, router: &Router, affinity: Affinity, key: &[u8]) -> Vec<String> {
+fn ranked(
+    members: &[(SocketAddr, u32)],
+    model: &ModelConfig,
+    router: &Router,
+    affinity: Affinity,
+    key: &[u8],
+) -> Vec<String> {
     let width = address_width(router);
     let mut lines = vec![format!(
         "rank  {:<width$}  weight  {:>10}",
@@ -79,7 +98,7 @@ fn ranked(model: &ModelConfig, router: &Router, affinity: Affinity, key: &[u8]) 
         .rank(Request::new(affinity, &[]), |_| Status::default())
         .unwrap_or_default();
     for (i, c) in order.iter().enumerate() {
-        let w = weight(model, &c.addr);
+        let w = weight(members, &c.addr);
         let score = rendezvous::score(rendezvous::pair_hash(key, &c.addr.to_string()), w);
         let note = if i == 0 {
             "chosen"
@@ -101,7 +120,7 @@ fn ranked(model: &ModelConfig, router: &Router, affinity: Affinity, key: &[u8]) 
 }
 
 /// No key: every backend takes turns.
-fn round_robin(model: &ModelConfig, router: &Router) -> Vec<String> {
+fn round_robin(members: &[(SocketAddr, u32)], router: &Router) -> Vec<String> {
     let width = address_width(router);
     let mut lines = vec![
         "round-robin: each request takes the next backend in turn, as often as its weight".into(),
@@ -111,17 +130,16 @@ fn round_robin(model: &ModelConfig, router: &Router) -> Vec<String> {
         router
             .addrs()
             .iter()
-            .map(|a| format!("{a:<width$}  {:>6}", weight(model, a))),
+            .map(|a| format!("{a:<width$}  {:>6}", weight(members, a))),
     );
     lines
 }
 
-fn weight(model: &ModelConfig, addr: &SocketAddr) -> u32 {
-    model
-        .backends
+fn weight(members: &[(SocketAddr, u32)], addr: &SocketAddr) -> u32 {
+    members
         .iter()
-        .find(|b| b.addr == *addr)
-        .map_or(0, |b| b.weight)
+        .find(|(a, _)| a == addr)
+        .map_or(0, |(_, w)| *w)
 }
 
 fn address_width(router: &Router) -> usize {
@@ -230,13 +248,20 @@ fn route(args: &Args) -> Result<Vec<String>, String> {
     let config = GatewayConfig::load(&args.config).map_err(|e| format!("{file}: {e}"))?;
     // Pingora's keys too, so that `route` accepts exactly what `-t` does.
     ServerConf::load_from_yaml(&file).map_err(|e| format!("{file}: {e}"))?;
-    let Some(model) = config.models.iter().find(|m| m.name == args.model) else {
+    let Some(index) = config.models.iter().position(|m| m.name == args.model) else {
         let names: Vec<&str> = config.models.iter().map(|m| m.name.as_str()).collect();
         return Err(format!(
             "{file}: model {:?} is not configured; models: {names:?}",
             args.model
         ));
     };
+    let model = &config.models[index];
+    // Every model's names, as the daemon (and -t) resolves them at start.
+    let mut resolved = discovery::resolve_checked(&config).map_err(|e| format!("{file}: {e}"))?;
+    for name in &resolved.unresolved {
+        eprintln!("poimen-gateway: {file}: {}", name.warning());
+    }
+    let (_, entries) = resolved.models.swap_remove(index);
     let body;
     let query = match &args.input {
         Input::Key(key) => Query::Key(key),
@@ -248,7 +273,7 @@ fn route(args: &Args) -> Result<Vec<String>, String> {
             }
         }
     };
-    Ok(explain(model, query))
+    Ok(explain(model, &entries, query))
 }
 
 #[cfg(test)]
@@ -265,11 +290,15 @@ mod tests {
         GatewayConfig::from_yaml(&yaml).unwrap().models.remove(0)
     }
 
+    /// The literal addresses of `m`, as resolved.
+    fn entries(m: &ModelConfig) -> Entries {
+        Entries::new(&m.backends)
+    }
+
     /// (address, weight) in the documented order for `key`: the rendezvous
     /// ranking over the addresses sorted.
     fn documented(m: &ModelConfig, key: &[u8]) -> Vec<(SocketAddr, u32)> {
-        let mut members: Vec<(SocketAddr, u32)> =
-            m.backends.iter().map(|b| (b.addr, b.weight)).collect();
+        let mut members: Vec<(SocketAddr, u32)> = entries(m).members();
         members.sort();
         let hashed: Vec<(String, u32)> = members.iter().map(|(a, w)| (a.to_string(), *w)).collect();
         let order: Vec<_> = rendezvous::rank(key, &hashed)
@@ -312,7 +341,7 @@ mod tests {
     #[test]
     fn a_key_is_ranked_as_the_daemon_ranks_it_with_weights_and_scores() {
         let m = model("");
-        let lines = explain(&m, Query::Key("session-42"));
+        let lines = explain(&m, &entries(&m), Query::Key("session-42"));
         assert!(lines[0].contains("key \"session-42\""), "{lines:?}");
         let rows = rows(&lines);
         assert_eq!(pairs(&rows), documented(&m, b"session-42"));
@@ -334,10 +363,8 @@ mod tests {
             ]
         );
         assert!(!lines.iter().any(|l| l.contains("balance_factor")));
-        let lines = explain(
-            &model("  routing: {balance_factor: 1.5}\n"),
-            Query::Key("k"),
-        );
+        let m = model("  routing: {balance_factor: 1.5}\n");
+        let lines = explain(&m, &entries(&m), Query::Key("k"));
         assert!(lines.last().unwrap().starts_with("balance_factor 1.5:"));
     }
 
@@ -346,7 +373,7 @@ mod tests {
         let m = model("  routing: {keyless: prefix}\n");
         let body = br#"{"messages":[{"role":"system","content":"Be terse."},{"role":"user","content":"hi"},{"role":"assistant","content":"hello"},{"role":"user","content":"again"}],"model":"m"}"#;
         let key = m.policy.derived_key(CHAT, body).unwrap();
-        let lines = explain(&m, Query::Body { path: CHAT, body });
+        let lines = explain(&m, &entries(&m), Query::Body { path: CHAT, body });
         assert!(lines[0].ends_with(key.as_str()), "{lines:?}");
         assert_eq!(pairs(&rows(&lines)), documented(&m, key.as_bytes()));
     }
@@ -365,7 +392,7 @@ mod tests {
                 "routing.keyless is round_robin",
             ),
         ] {
-            let lines = explain(m, Query::Body { path, body });
+            let lines = explain(m, &entries(m), Query::Body { path, body });
             assert!(lines[0].contains(why), "{lines:?}");
             assert!(lines[1].starts_with("round-robin"), "{lines:?}");
             assert!(rows(&lines).is_empty(), "{lines:?}");
@@ -376,7 +403,7 @@ mod tests {
                     Some((t.next()?.parse().ok()?, t.next()?.parse().ok()?))
                 })
                 .collect();
-            let mut members: Vec<_> = m.backends.iter().map(|b| (b.addr, b.weight)).collect();
+            let mut members = entries(m).members();
             members.sort();
             assert_eq!(listed, members, "{lines:?}");
         }

@@ -5,9 +5,11 @@
 //! addresses) and fixed words (route, reason, status class): never from keys,
 //! paths or anything else a client sends, so series stay bounded.
 
-use std::sync::{Arc, LazyLock};
+use std::net::SocketAddr;
+use std::sync::LazyLock;
 use std::time::Instant;
 
+use http::HeaderValue;
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
 use prometheus::{
@@ -17,7 +19,7 @@ use prometheus::{
 };
 
 use crate::admission::Gauges;
-use crate::exclusion::Exclusions;
+use crate::exclusion::CurrentExclusions;
 
 fn counter(name: &str, help: &str) -> IntCounter {
     register_int_counter!(name, help).expect("metric names are unique and valid")
@@ -93,6 +95,34 @@ pub static LOG_LINES_DROPPED: LazyLock<IntCounter> = LazyLock::new(|| {
     )
 });
 
+/// Requests refused with 401, by `auth::Reason` (a fixed set of labels).
+pub static AUTH_FAILURES: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter_vec(
+        "poimen_gateway_auth_failures_total",
+        "Requests refused with 401, by reason (missing, malformed, bad_signature, expired, \
+         not_yet_valid, issuer, audience, unknown_key, algorithm)",
+        &["reason"],
+    )
+});
+
+pub static JWKS_REFRESH_FAILURES: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "poimen_gateway_jwks_refresh_failures_total",
+        "JWKS fetches (periodic or for an unknown key) that failed; the last good keys stay in force",
+    )
+});
+
+/// Create the authentication series at zero, so an alert on a rate sees
+/// the first failure.
+pub fn init_auth(jwks_url: bool) {
+    for reason in crate::auth::Reason::ALL {
+        AUTH_FAILURES.with_label_values(&[reason.as_str()]);
+    }
+    if jwks_url {
+        LazyLock::force(&JWKS_REFRESH_FAILURES);
+    }
+}
+
 /// CAG-3 AC7: prompt tokens vLLM served from its prefix cache.
 pub static PREFIX_CACHE_HIT_TOKENS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     counter_vec(
@@ -152,11 +182,20 @@ pub static TIME_TO_FIRST_BYTE: LazyLock<HistogramVec> = LazyLock::new(|| {
     .expect("metric names are unique and valid")
 });
 
+/// Failed lookups of a model's backend names (see `discovery`).
+pub static DISCOVERY_ERRORS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter_vec(
+        "poimen_gateway_discovery_errors_total",
+        "Failed or empty DNS lookups of the model's backend names (the last good addresses are kept)",
+        &["model"],
+    )
+});
+
 /// `poimen_gateway_backend_excluded{model,backend}`: 0/1, read from each
 /// model's exclusions at scrape time, so it falls back to 0 when the window
-/// ends.
+/// ends, and a backend that left the set leaves the metric.
 struct ExclusionCollector {
-    models: Vec<(String, Arc<Exclusions>)>,
+    models: Vec<(String, CurrentExclusions)>,
     gauge: IntGaugeVec,
 }
 
@@ -167,7 +206,9 @@ impl Collector for ExclusionCollector {
 
     fn collect(&self) -> Vec<MetricFamily> {
         let now = Instant::now();
-        for (model, exclusions) in &self.models {
+        self.gauge.reset();
+        for (model, current) in &self.models {
+            let exclusions = current();
             for addr in exclusions.addrs() {
                 let g: IntGauge = self.gauge.with_label_values(&[model, &addr.to_string()]);
                 g.set(i64::from(exclusions.is_excluded(addr, now)));
@@ -178,7 +219,7 @@ impl Collector for ExclusionCollector {
 }
 
 /// Export the exclusion state of these models' backends.
-pub fn register_exclusions(models: Vec<(String, Arc<Exclusions>)>) {
+pub fn register_exclusions(models: Vec<(String, CurrentExclusions)>) {
     let gauge = IntGaugeVec::new(
         Opts::new(
             "poimen_gateway_backend_excluded",
@@ -189,6 +230,50 @@ pub fn register_exclusions(models: Vec<(String, Arc<Exclusions>)>) {
     .expect("valid metric");
     if let Err(e) = prometheus::register(Box::new(ExclusionCollector { models, gauge })) {
         log::warn!("backend exclusion metric not registered: {e}");
+    }
+}
+
+/// A backend's per-request series and labels, resolved once when it joins
+/// the set: a request then neither formats the address nor hashes label
+/// values to count (see `pool::Members`).
+pub struct BackendSeries {
+    /// The address as the `backend` label shows it.
+    pub label: String,
+    /// The same, as the `X-Poimen-Backend` response header.
+    pub header: HeaderValue,
+    pub failures: IntCounter,
+    pub hit_tokens: IntCounter,
+    pub prompt_tokens: IntCounter,
+    pub usage_missing: IntCounter,
+}
+
+impl BackendSeries {
+    pub fn new(model: &str, addr: &SocketAddr) -> Self {
+        let label = addr.to_string();
+        let labels = [model, label.as_str()];
+        BackendSeries {
+            header: HeaderValue::from_str(&label).expect("an address is a valid header value"),
+            failures: BACKEND_FAILURES.with_label_values(&labels),
+            hit_tokens: PREFIX_CACHE_HIT_TOKENS.with_label_values(&labels),
+            prompt_tokens: PROMPT_TOKENS.with_label_values(&labels),
+            usage_missing: USAGE_MISSING.with_label_values(&labels),
+            label,
+        }
+    }
+}
+
+/// A model's per-request histograms, resolved once.
+pub struct ModelSeries {
+    pub duration: Histogram,
+    pub time_to_first_byte: Histogram,
+}
+
+impl ModelSeries {
+    pub fn new(model: &str) -> Self {
+        ModelSeries {
+            duration: REQUEST_DURATION.with_label_values(&[model]),
+            time_to_first_byte: TIME_TO_FIRST_BYTE.with_label_values(&[model]),
+        }
     }
 }
 
@@ -218,4 +303,44 @@ pub fn init_backend(model: &str, backend: &str) {
     TIME_TO_FIRST_BYTE.with_label_values(&[model]);
     LazyLock::force(&WARMUP_DELAYED);
     LazyLock::force(&QUEUE_WAIT);
+}
+
+/// Create a model's discovery error count at zero.
+pub fn init_discovery(model: &str) {
+    DISCOVERY_ERRORS.with_label_values(&[model]);
+}
+
+/// Remove every series of a backend that left the set and is idle, so
+/// that backends coming and going do not add series without end.
+pub fn remove_backend(model: &str, backend: &str) {
+    for vec in [&*INFLIGHT, &*QUEUE_DEPTH] {
+        let _ = vec.remove_label_values(&[model, backend]);
+    }
+    for vec in [
+        &*BACKEND_FAILURES,
+        &*PREFIX_CACHE_HIT_TOKENS,
+        &*PROMPT_TOKENS,
+        &*USAGE_MISSING,
+        &*QUEUE_REJECTED,
+        &*REQUESTS,
+    ] {
+        remove_matching(vec, model, backend);
+    }
+}
+
+/// Remove the series of `vec` labelled with this model and backend,
+/// whatever their other labels (route, code, reason).
+fn remove_matching(vec: &IntCounterVec, model: &str, backend: &str) {
+    for family in vec.collect() {
+        for metric in family.get_metric() {
+            let labels: std::collections::HashMap<&str, &str> = metric
+                .get_label()
+                .iter()
+                .map(|l| (l.name(), l.value()))
+                .collect();
+            if labels.get("model") == Some(&model) && labels.get("backend") == Some(&backend) {
+                let _ = vec.remove(&labels);
+            }
+        }
+    }
 }

@@ -1,90 +1,63 @@
-//! One model's backends: the set (Pingora's `Backends`, with its health
-//! registry when health checks are on), the [`Router`] built from it, the
-//! failure exclusion window (CAG-3 AC4) and each backend's admission.
+//! One model's backends: the set (Pingora's `Backends`, fed by
+//! [`Discovery`], with its health registry when health checks are on), and
+//! the [`Members`] built from it: the [`Router`], the failure exclusion
+//! window (CAG-3 AC4), each backend's admission and how to connect to it
+//! (plain or TLS).
+//!
+//! When discovery changes the set, new `Members` replace the old whole (a
+//! request reads them once). A backend that stays keeps its admission and
+//! exclusion; a new one starts empty; one that left is retired: requests
+//! already on it finish with its admission, and once none holds it its
+//! metric series are removed.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use pingora::lb::discovery::Static;
+use arc_swap::ArcSwap;
+use log::{error, info};
 use pingora::lb::{Backend, Backends, HealthCheckService, HealthRegistry};
+use pingora::prelude::HttpPeer;
 
-use crate::admission::Admission;
+use crate::admission::{Admission, Limits};
 use crate::config::{HealthCheckConfig, ModelConfig};
-use crate::exclusion::Exclusions;
+use crate::discovery::Discovery;
+use crate::exclusion::{CurrentExclusions, Exclusions};
 use crate::health::RestoreOnHealthy;
 use crate::metrics;
 use crate::routing::{Candidate, Policy, Request, Router, Status};
+use crate::tls::{self, BackendTls};
 
 pub struct ModelPool {
     pub name: String,
     pub policy: Policy,
-    /// Kept alive: the health registry checks this view's backends.
-    _backends: Backends,
+    limits: Limits,
+    /// `scheduler.load_feedback`: the most slots a backend's reports may lend.
+    load_feedback: Option<usize>,
+    /// Pingora's view of the set: `update` runs discovery, and the health
+    /// registry checks its members.
+    backends: Backends,
+    members: Arc<ArcSwap<Members>>,
+    /// Backends that left the set, until no request holds their admission.
+    retired: Mutex<Vec<(SocketAddr, Arc<Admission>)>>,
+    pub series: metrics::ModelSeries,
+}
+
+/// One backend set and the state routing reads: replaced whole when the
+/// set changes.
+pub struct Members {
     router: Router,
     exclusions: Arc<Exclusions>,
     admissions: HashMap<SocketAddr, Arc<Admission>>,
+    /// The backends reached over TLS.
+    tls: HashMap<SocketAddr, BackendTls>,
+    series: HashMap<SocketAddr, Arc<metrics::BackendSeries>>,
 }
 
-impl ModelPool {
-    /// The pool, and the service that runs its health checks if configured.
-    pub fn new(
-        model: &ModelConfig,
-        window: Duration,
-        health: Option<&HealthCheckConfig>,
-    ) -> (Self, Option<HealthCheckService>) {
-        let addrs: Vec<SocketAddr> = model.backends.iter().map(|b| b.addr).collect();
-        let exclusions = Arc::new(Exclusions::new(&addrs, window));
-        let registry = Arc::new(HealthRegistry::new());
-        let service = health.map(|hc| {
-            let check = RestoreOnHealthy::new(hc, &model.name, exclusions.clone());
-            registry.set_health_check(Box::new(check));
-            let mut service = HealthCheckService::new(registry.clone());
-            service.health_check_frequency = Some(hc.interval);
-            service
-        });
-        let set = model
-            .backends
-            .iter()
-            .map(|b| Backend {
-                addr: pingora::protocols::l4::socket::SocketAddr::Inet(b.addr),
-                weight: b.weight as usize,
-                ext: http::Extensions::new(),
-            })
-            .collect();
-        let backends = Backends::new_with_health_registry(Static::new(set), registry);
-        let mut router = None;
-        discover_now(&backends, |set| {
-            router = Some(Router::new(
-                &model.policy,
-                set.iter()
-                    .filter_map(|b| Some((*b.as_inet()?, b.weight as u32))),
-            ))
-        });
-        let admissions = addrs
-            .iter()
-            .map(|a| {
-                let (name, backend) = (&model.name, a.to_string());
-                metrics::init_backend(name, &backend);
-                let gauges = metrics::admission_gauges(name, &backend);
-                let admission = Admission::new(model.limits, model.load_feedback, gauges);
-                (*a, admission)
-            })
-            .collect();
-        let pool = ModelPool {
-            name: model.name.clone(),
-            policy: model.policy.clone(),
-            _backends: backends,
-            router: router.unwrap_or_else(|| Router::new(&model.policy, [])),
-            exclusions,
-            admissions,
-        };
-        (pool, service)
-    }
-
+impl Members {
     /// The candidates for a request, best first, leaving out the backends
     /// it already failed on. `Err` carries the time until the earliest
     /// excluded backend returns.
@@ -100,56 +73,280 @@ impl ModelPool {
             .ok_or_else(|| self.exclusions.retry_after(now))
     }
 
-    /// The admission of one of this pool's backends.
+    /// The admission of one of these backends.
     pub fn admission(&self, addr: &SocketAddr) -> Option<&Arc<Admission>> {
         self.admissions.get(addr)
     }
 
-    /// The exclusion state of this pool's backends.
+    /// The series and labels of one of these backends.
+    pub fn series(&self, addr: &SocketAddr) -> Option<&metrics::BackendSeries> {
+        self.series.get(addr).map(|s| &**s)
+    }
+
+    /// The exclusion state of these backends.
     pub fn exclusions(&self) -> &Arc<Exclusions> {
         &self.exclusions
     }
 
+    /// How to connect to one of these backends.
+    pub fn peer(&self, addr: SocketAddr) -> HttpPeer {
+        tls::backend_peer(addr, self.tls.get(&addr))
+    }
+
+    /// The backends, in address order.
     pub fn addrs(&self) -> &[SocketAddr] {
         self.router.addrs()
     }
 }
 
-/// Run static discovery, which never waits, and hand the set to `built`.
-fn discover_now(backends: &Backends, built: impl FnOnce(Arc<std::collections::BTreeSet<Backend>>)) {
-    let fut = std::pin::pin!(backends.update(built));
-    let mut cx = Context::from_waker(Waker::noop());
-    match Future::poll(fut, &mut cx) {
-        Poll::Ready(Ok(())) => {}
-        // Static discovery completes on the first poll and cannot fail.
-        Poll::Ready(Err(e)) => log::error!("static discovery failed: {e}"),
-        Poll::Pending => log::error!("static discovery did not complete at once"),
+/// What a new set changes: the addresses it adds and those it removes.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Diff {
+    pub added: Vec<SocketAddr>,
+    pub removed: Vec<SocketAddr>,
+}
+
+/// `old` to `new`, both in any order; the result sorted.
+pub fn diff(old: &[SocketAddr], new: &[SocketAddr]) -> Diff {
+    let mut added: Vec<SocketAddr> = new.iter().filter(|a| !old.contains(a)).copied().collect();
+    let mut removed: Vec<SocketAddr> = old.iter().filter(|a| !new.contains(a)).copied().collect();
+    added.sort();
+    removed.sort();
+    Diff { added, removed }
+}
+
+impl ModelPool {
+    /// The pool over what `discovery` found at start, and the service that
+    /// runs its health checks if configured (probing TLS backends over TLS,
+    /// trusting `upstream_ca_file`).
+    pub fn new(
+        model: &ModelConfig,
+        discovery: Discovery,
+        window: Duration,
+        health: Option<&HealthCheckConfig>,
+        upstream_ca_file: Option<&str>,
+    ) -> (Self, Option<HealthCheckService>) {
+        let members = Arc::new(ArcSwap::from_pointee(Members {
+            router: Router::new(&model.policy, []),
+            exclusions: Arc::new(Exclusions::new(&[], window)),
+            admissions: HashMap::new(),
+            tls: HashMap::new(),
+            series: HashMap::new(),
+        }));
+        let registry = Arc::new(HealthRegistry::new());
+        let service = health.map(|hc| {
+            let check =
+                RestoreOnHealthy::new(hc, model, upstream_ca_file, current_exclusions(&members));
+            registry.set_health_check(Box::new(check));
+            let mut service = HealthCheckService::new(registry.clone());
+            service.health_check_frequency = Some(hc.interval);
+            service
+        });
+        if model.uses_names() {
+            metrics::init_discovery(&model.name);
+        }
+        let pool = ModelPool {
+            name: model.name.clone(),
+            policy: model.policy.clone(),
+            limits: model.limits,
+            load_feedback: model.load_feedback,
+            backends: Backends::new_with_health_registry(Box::new(discovery), registry),
+            members,
+            retired: Mutex::default(),
+            series: metrics::ModelSeries::new(&model.name),
+        };
+        pool.first_update();
+        (pool, service)
     }
+
+    /// The first discovery hands over the set resolved at start without
+    /// waiting (see `Discovery`): run it now, so the pool serves at once.
+    fn first_update(&self) {
+        let update = std::pin::pin!(self.backends.update(|set| {
+            self.rebuild(&set);
+        }));
+        match Future::poll(update, &mut Context::from_waker(Waker::noop())) {
+            Poll::Ready(Ok(())) => {}
+            Poll::Ready(Err(e)) => error!("{}: first discovery failed: {e}", self.name),
+            Poll::Pending => error!("{}: first discovery did not complete", self.name),
+        }
+    }
+
+    /// The current set, for one request.
+    pub fn members(&self) -> Arc<Members> {
+        self.members.load_full()
+    }
+
+    /// The exclusions of the current set, whatever it is when called.
+    pub fn current_exclusions(&self) -> CurrentExclusions {
+        current_exclusions(&self.members)
+    }
+
+    /// Run discovery; rebuild the members if the set changed; let go of
+    /// retired backends no request holds any more.
+    pub async fn refresh(&self) {
+        let mut change = None;
+        if let Err(e) = self
+            .backends
+            .update(|set| change = Some(self.rebuild(&set)))
+            .await
+        {
+            error!("{}: discovery failed: {e}", self.name);
+        }
+        if let Some(change) = change.filter(|c| !(c.added.is_empty() && c.removed.is_empty())) {
+            let list = |v: &[SocketAddr]| v.iter().map(|a| a.to_string()).collect::<Vec<_>>();
+            info!(
+                event = "backends_changed",
+                model = self.name.as_str(),
+                added:serde = list(&change.added),
+                removed:serde = list(&change.removed),
+                backends = self.members.load().addrs().len();
+                ""
+            );
+        }
+        self.sweep();
+    }
+
+    /// New members for `set`: kept backends keep their state, returning
+    /// ones (still busy since they left) take theirs back, new ones start
+    /// empty; those that left are retired. Returns what changed.
+    fn rebuild(&self, set: &BTreeSet<Backend>) -> Diff {
+        let listed: Vec<(SocketAddr, u32)> = set
+            .iter()
+            .filter_map(|b| Some((*b.as_inet()?, u32::try_from(b.weight).ok()?)))
+            .collect();
+        let addrs: Vec<SocketAddr> = listed.iter().map(|(a, _)| *a).collect();
+        let old = self.members.load_full();
+        let change = diff(old.addrs(), &addrs);
+        let mut retired = self.retired.lock().unwrap_or_else(|e| e.into_inner());
+        let admissions = addrs
+            .iter()
+            .map(|a| {
+                let admission = old.admissions.get(a).cloned().or_else(|| {
+                    let i = retired.iter().position(|(r, _)| r == a)?;
+                    Some(retired.swap_remove(i).1)
+                });
+                (*a, admission.unwrap_or_else(|| self.admission(a)))
+            })
+            .collect();
+        retired.extend(
+            change
+                .removed
+                .iter()
+                .filter_map(|a| Some((*a, old.admissions.get(a)?.clone()))),
+        );
+        drop(retired);
+        self.members.store(Arc::new(Members {
+            router: Router::new(&self.policy, listed),
+            exclusions: Arc::new(old.exclusions.carried_to(&addrs)),
+            admissions,
+            // Those that stay keep theirs; a backend back before its old
+            // series were removed finds them again.
+            series: addrs
+                .iter()
+                .map(|a| {
+                    let series = old.series.get(a).cloned();
+                    let series = series
+                        .unwrap_or_else(|| Arc::new(metrics::BackendSeries::new(&self.name, a)));
+                    (*a, series)
+                })
+                .collect(),
+            tls: set
+                .iter()
+                .filter_map(|b| Some((*b.as_inet()?, b.ext.get::<BackendTls>()?.clone())))
+                .collect(),
+        }));
+        change
+    }
+
+    /// A new backend's admission, with its metric series created at zero.
+    fn admission(&self, addr: &SocketAddr) -> Arc<Admission> {
+        let backend = addr.to_string();
+        metrics::init_backend(&self.name, &backend);
+        let gauges = metrics::admission_gauges(&self.name, &backend);
+        Admission::new(self.limits, self.load_feedback, gauges)
+    }
+
+    /// Forget the retired backends nobody holds: no request (its members,
+    /// its permit or queue place) refers to them any more.
+    fn sweep(&self) {
+        let mut retired = self.retired.lock().unwrap_or_else(|e| e.into_inner());
+        retired.retain(|(addr, admission)| {
+            let busy = Arc::strong_count(admission) > 1;
+            if !busy {
+                metrics::remove_backend(&self.name, &addr.to_string());
+            }
+            busy
+        });
+    }
+
+    /// Backends retired and still busy.
+    #[cfg(test)]
+    fn retired(&self) -> usize {
+        self.retired.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+}
+
+fn current_exclusions(members: &Arc<ArcSwap<Members>>) -> CurrentExclusions {
+    let members = members.clone();
+    Arc::new(move || members.load().exclusions.clone())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::BackendConfig;
+    use prometheus::core::Collector;
+
+    use crate::admission::Class;
+    use crate::config::{BackendConfig, DiscoveryConfig, Target};
+    use crate::discovery::Entries;
     use crate::routing::{Affinity, Route};
 
-    fn pool(n: u16) -> ModelPool {
-        let model = ModelConfig {
-            name: "m".into(),
+    fn addr(i: u16) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], 9000 + i))
+    }
+
+    /// Model `name` over `addr(0..n)`, each of weight 1.
+    fn model(name: &str, n: u16) -> ModelConfig {
+        ModelConfig {
+            name: name.into(),
             backends: (0..n)
                 .map(|i| BackendConfig {
-                    addr: SocketAddr::from(([127, 0, 0, 1], 9000 + i)),
+                    target: Target::Addr(addr(i)),
                     weight: 1,
+                    tls: None,
+                    field: format!("gateway.models[0].addresses[{i}]"),
                 })
                 .collect(),
-            limits: crate::admission::Limits {
-                max_num_seqs: 4,
+            limits: Limits {
+                max_num_seqs: 1,
                 max_queue_depth: 20,
             },
             policy: Policy::default(),
             load_feedback: None,
+        }
+    }
+
+    fn pool_of(model: &ModelConfig) -> ModelPool {
+        let config = DiscoveryConfig {
+            refresh: Duration::from_secs(10),
+            nameservers: Vec::new(),
+            allow_unresolved: false,
         };
-        ModelPool::new(&model, Duration::from_secs(30), None).0
+        let discovery = Discovery::new(&model.name, &config, Entries::new(&model.backends));
+        ModelPool::new(model, discovery, Duration::from_secs(30), None, None).0
+    }
+
+    fn pool(n: u16) -> Arc<Members> {
+        pool_of(&model("m", n)).members()
+    }
+
+    /// What discovery would hand over: `addrs`, weight 1.
+    fn set(addrs: &[SocketAddr]) -> BTreeSet<Backend> {
+        addrs
+            .iter()
+            .map(|a| Backend::new(&a.to_string()).unwrap())
+            .collect()
     }
 
     #[test]
@@ -159,6 +356,89 @@ mod tests {
         for a in p.addrs() {
             assert!(p.admission(a).is_some());
         }
+    }
+
+    #[test]
+    fn diff_lists_what_is_added_and_removed() {
+        let (a, b, c, d) = (addr(1), addr(2), addr(3), addr(4));
+        assert_eq!(
+            diff(&[c, a, b], &[d, b, a]),
+            Diff {
+                added: vec![d],
+                removed: vec![c]
+            }
+        );
+        let same = diff(&[a, b], &[b, a]);
+        assert!(same.added.is_empty() && same.removed.is_empty());
+    }
+
+    #[test]
+    fn a_new_set_keeps_the_state_of_those_that_stay_and_starts_new_ones_empty() {
+        let p = pool_of(&model("pool-keeps", 2));
+        let before = p.members();
+        let (a, b, c) = (addr(0), addr(1), addr(2));
+        let permit = before.admission(&a).unwrap().try_enter(Class::Agent);
+        assert!(before.exclusions().exclude(b, Instant::now()));
+        p.rebuild(&set(&[a, b, c]));
+        let after = p.members();
+        assert_eq!(after.addrs(), [a, b, c]);
+        assert!(Arc::ptr_eq(
+            before.admission(&a).unwrap(),
+            after.admission(&a).unwrap()
+        ));
+        assert_eq!(after.admission(&a).unwrap().load(), 1, "its slot is held");
+        assert!(after.exclusions().is_excluded(&b, Instant::now()));
+        assert_eq!(after.admission(&c).unwrap().load(), 0);
+        assert!(!after.exclusions().is_excluded(&c, Instant::now()));
+        drop(permit);
+    }
+
+    #[test]
+    fn a_removed_backend_is_retired_until_idle_then_its_series_go() {
+        let p = pool_of(&model("pool-retires", 2));
+        let (a, b) = (addr(0), addr(1));
+        // Whether the inflight gauge has a series for (this model, backend).
+        let series = |backend: SocketAddr| {
+            let backend = backend.to_string();
+            metrics::INFLIGHT
+                .collect()
+                .iter()
+                .flat_map(|f| f.get_metric())
+                .any(|m| {
+                    let values: Vec<&str> = m.get_label().iter().map(|l| l.value()).collect();
+                    values.contains(&p.name.as_str()) && values.contains(&backend.as_str())
+                })
+        };
+        let routed_in = p.members();
+        let ticket = routed_in
+            .admission(&b)
+            .unwrap()
+            .try_enter(Class::Agent)
+            .unwrap();
+        drop(routed_in);
+        p.rebuild(&set(&[a]));
+        assert_eq!(p.members().addrs(), [a], "no new request goes to b");
+        p.sweep();
+        assert_eq!(p.retired(), 1, "b is busy: kept");
+        assert!(series(b));
+        drop(ticket);
+        p.sweep();
+        assert_eq!(p.retired(), 0);
+        assert!(!series(b), "b's series are gone");
+        assert!(series(a));
+    }
+
+    #[test]
+    fn a_backend_back_while_busy_takes_its_admission_back() {
+        let p = pool_of(&model("pool-returns", 2));
+        let b = addr(1);
+        let first = p.members().admission(&b).unwrap().clone();
+        let permit = first.try_enter(Class::Agent);
+        p.rebuild(&set(&[addr(0)]));
+        p.rebuild(&set(&[addr(0), b]));
+        assert!(Arc::ptr_eq(&first, p.members().admission(&b).unwrap()));
+        assert_eq!(p.retired(), 0);
+        drop(permit);
     }
 
     #[test]

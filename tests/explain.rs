@@ -182,3 +182,62 @@ fn without_a_key_or_a_body_it_prints_the_usage() {
         assert!(err.contains("usage: poimen-gateway route -c FILE"), "{err}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dns_name_is_resolved_as_the_daemon_resolves_it() {
+    let dns = crate::support::dns::DnsServer::start().await;
+    let ips = ["127.0.0.43", "127.0.0.41", "127.0.0.42"].map(|ip| ip.parse().unwrap());
+    dns.set("vllm.poimen.test", &ips);
+    let yaml = format!(
+        "threads: 1\ngateway:\n  discovery: {{nameservers: [\"{}\"]}}\n  models:\n    - name: m\n      addresses: [\"vllm.poimen.test:8000\", {{address: \"10.0.0.9:8000\", weight: 2}}]\n",
+        dns.addr
+    );
+    // `route` blocks this thread; the DNS server answers on another.
+    let out = stdout(&route(
+        &yaml,
+        None,
+        &["--model", "m", "--key", "session-42"],
+    ));
+    assert!(
+        out.contains(
+            "vllm.poimen.test:8000 resolves to 127.0.0.41:8000, 127.0.0.42:8000, 127.0.0.43:8000"
+        ),
+        "{out}"
+    );
+    let mut members: Vec<(SocketAddr, u32)> =
+        ["127.0.0.41:8000", "127.0.0.42:8000", "127.0.0.43:8000"]
+            .iter()
+            .map(|a| (a.parse().unwrap(), 1))
+            .chain([("10.0.0.9:8000".parse().unwrap(), 2)])
+            .collect();
+    members.sort();
+    let hashed: Vec<(String, u32)> = members.iter().map(|(a, w)| (a.to_string(), *w)).collect();
+    let want: Vec<(SocketAddr, u32)> = rank(b"session-42", &hashed)
+        .into_iter()
+        .map(|i| members[i])
+        .collect();
+    assert_eq!(ranked(&out), want, "{out}");
+
+    // A name that does not resolve: refused as by -t, or a warning.
+    let unknown = yaml.replace("vllm.poimen.test:8000", "nowhere.poimen.test:8000");
+    let err = refused(&route(&unknown, None, &["--model", "m", "--key", "k"]));
+    assert!(
+        err.contains(
+            r#"gateway.models[0].addresses[0] = "nowhere.poimen.test:8000": does not resolve"#
+        ),
+        "{err}"
+    );
+    let allowed = unknown.replace("{nameservers", "{allow_unresolved: true, nameservers");
+    let out = route(&allowed, None, &["--model", "m", "--key", "k"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("warning: "));
+    let out = stdout(&out);
+    assert!(
+        out.contains("nowhere.poimen.test:8000 resolves to nothing yet"),
+        "{out}"
+    );
+    assert_eq!(
+        ranked(&out),
+        [("10.0.0.9:8000".parse().unwrap(), 2)],
+        "{out}"
+    );
+}

@@ -160,7 +160,12 @@ async fn api_keys_are_required_and_never_forwarded() {
     ] {
         let resp = post(auth).await.unwrap();
         assert_eq!(resp.status(), 401, "{auth:?}");
-        assert_eq!(header(&resp, "www-authenticate"), "Bearer");
+        // RFC 6750: an error code only when a bearer credential was sent.
+        let challenge = match auth {
+            Some("Bearer wrong") => "Bearer error=\"invalid_token\"",
+            _ => "Bearer",
+        };
+        assert_eq!(header(&resp, "www-authenticate"), challenge);
         let v: serde_json::Value = resp.json().await.unwrap();
         assert_eq!(v["error"]["code"], "invalid_api_key");
     }

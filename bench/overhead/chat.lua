@@ -1,8 +1,11 @@
 -- wrk script: POSTs ~2 KB OpenAI chat bodies to /v1/chat/completions, with
 -- "model" as the LAST key (as the OpenAI SDKs write it), cycling over NKEYS
--- session keys in X-Poimen-Cache-Key (each wrk thread starts at another key).
+-- session keys in one header, X-Poimen-Cache-Key unless KEY_HEADER names
+-- another (each wrk thread starts at another key). Only that one header is
+-- sent, so every target gets the same request size but its own key header
+-- (vllm-router: X-Session-Id, sglang-router: X-SMG-Routing-Key).
 --
---   wrk -t2 -c32 -d10s -s chat.lua http://127.0.0.1:PORT -- MODEL [NKEYS] [DELAY_MS]
+--   wrk -t2 -c32 -d10s -s chat.lua http://127.0.0.1:PORT -- MODEL [NKEYS] [DELAY_MS] [KEY_HEADER]
 --
 -- DELAY_MS is read by paced.lua (which loads this file and adds delay());
 -- this file defines no delay(), so saturated runs have no timer in the loop.
@@ -20,6 +23,7 @@ function init(args)
   local model = args[1] or "bench-model"
   nkeys = tonumber(args[2] or "64")
   pause_ms = tonumber(args[3] or "0")
+  local key_header = args[4] or "X-Poimen-Cache-Key"
   local filler = string.rep("The agent keeps notes on the repository, the failing test and the plan. ", 24)
   reqs = {}
   for k = 1, nkeys do
@@ -28,7 +32,7 @@ function init(args)
       '"},{"role":"user","content":"Summarise what ' .. key .. ' did last and propose the next step."}],' ..
       '"max_tokens":16,"temperature":0,"stream":false,"model":"' .. model .. '"}'
     reqs[k] = wrk.format("POST", "/v1/chat/completions",
-      {["Content-Type"] = "application/json", ["X-Poimen-Cache-Key"] = key}, body)
+      {["Content-Type"] = "application/json", [key_header] = key}, body)
   end
   idx = ((tid or 1) * 17) % nkeys
 end

@@ -1,12 +1,17 @@
 #!/usr/bin/env python3
-"""Data-plane overhead of poimen-gateway, side by side with nginx and with no
-proxy at all, in one run with interleaved rounds. Entry point: run.sh.
+"""Data-plane overhead of poimen-gateway, side by side with nginx, a bare
+Pingora proxy, the LLM routers a user would otherwise pick (vllm-router,
+sglang-router) and no proxy at all, in one run with interleaved rounds.
+Entry point: run.sh.
 
 Parts (all on 127.0.0.1, every process started here is stopped at the end):
   1. saturated: wrk (2 threads, 32 connections, chat.lua: ~2 KB chat bodies,
-     "model" last, 64 keys in X-Poimen-Cache-Key) for DURATION s per round,
-     ROUNDS rounds x {direct, nginx, gateway, gateway-quiet, gateway-steal,
-     pingora-bare}; backends: one nginx (1 worker) answering a fixed
+     "model" last, 64 keys in each target's key header: X-Poimen-Cache-Key,
+     or X-Session-Id for vllm-router, X-SMG-Routing-Key for sglang-router)
+     for DURATION s per round, ROUNDS rounds x {direct, nginx, gateway,
+     gateway-quiet, gateway-steal, pingora-bare, vllm-router, sglang-router}
+     (--targets picks some; direct and nginx are always measured, as the
+     references); backends: one nginx (1 worker) answering a fixed
      chat-completion JSON on 4 ports.
      Reports req/s, p50/p99 latency and the proxy's CPU us per request
      (utime+stime from /proc/<pid>/stat over the run / requests completed).
@@ -15,6 +20,9 @@ Parts (all on 127.0.0.1, every process started here is stopped at the end):
      (first SSE event) direct vs nginx vs gateway, sequential requests.
   4. RSS: a fresh gateway idle, then with STREAMS open SSE streams through it
      to 4 slow vllm-sim instances.
+Parts 3 and 4 run when `gateway` is among the targets (and --sse-rounds /
+--streams are not 0). The routers come from the venv bench/setup.sh makes
+(bench/.venv, or POIMEN_BENCH_VENV).
 Writes bench/results/overhead.md (or --out).
 """
 
@@ -29,6 +37,7 @@ import resource
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 sys.dont_write_bytecode = True  # no __pycache__ in the work tree
@@ -39,6 +48,17 @@ HERE = Path(__file__).resolve().parent
 FAKE_MODEL = "bench-model"
 FAST_MODEL = "sim-fast"
 SLOW_MODEL = "sim-slow"
+KEY_HEADER = "X-Poimen-Cache-Key"  # the session key header of nginx, the gateway and pingora-bare
+
+GATEWAYS = ("gateway", "gateway-quiet", "gateway-steal")
+# The LLM routers under comparison, from PyPI (pinned in bench/setup.sh): the
+# console script in the venv, the policy that routes by a session key, and
+# the header that policy reads the key from.
+ROUTERS = {
+    "vllm-router": {"dist": "vllm-router", "policy": "consistent_hash", "header": "X-Session-Id"},
+    "sglang-router": {"dist": "sglang-router", "policy": "manual", "header": "X-SMG-Routing-Key"},
+}
+ALL_TARGETS = ("direct", "nginx") + GATEWAYS + ("pingora-bare",) + tuple(ROUTERS)
 
 FAKE_BODY = ('{"id":"chatcmpl-bench","object":"chat.completion","created":1700000000,'
              '"model":"bench-model","choices":[{"index":0,"message":{"role":"assistant",'
@@ -75,11 +95,36 @@ http {{
 
 
 def backends_conf(wd: Path, ports: list[int]) -> Path:
+    """Every path answers the fixed chat completion, except what vLLM answers
+    otherwise to the routers' start-up probes: GET /health (200, empty),
+    GET /v1/models, and 404 for SGLang's /server_info, /model_info and their
+    /get_ forms (sglang-router asks for them; vLLM has none). POST
+    /v1/completions answers a completion whose text is the backend's port:
+    the key-affinity check before the runs reads which backend served a key."""
+    models = ('{"object":"list","data":[{"id":"' + FAKE_MODEL + '","object":"model","created":1700000000,'
+              '"owned_by":"vllm","max_model_len":32768}]}')
+    which = ('{"id":"cmpl-bench","object":"text_completion","created":1700000000,"model":"' + FAKE_MODEL + '",'
+             '"choices":[{"index":0,"text":"$server_port","logprobs":null,"finish_reason":"length"}],'
+             '"usage":{"prompt_tokens":1,"total_tokens":2,"completion_tokens":1}}')
+    # exact locations only: a regex location would be tried on every chat request
+    info404 = "".join(f"    location = /{p} {{ return 404; }}\n"
+                      for p in ("server_info", "model_info", "get_server_info", "get_model_info"))
     servers = "".join(f"""  server {{
     listen 127.0.0.1:{p} backlog=4096;
     location / {{
       default_type application/json;
       return 200 '{FAKE_BODY}';
+    }}
+    location = /health {{
+      return 200;
+    }}
+    location = /v1/models {{
+      default_type application/json;
+      return 200 '{models}';
+    }}
+{info404}    location = /v1/completions {{
+      default_type application/json;
+      return 200 '{which}';
     }}
   }}
 """ for p in ports)
@@ -154,13 +199,123 @@ def start_nginx(procs: C.Procs, name: str, conf: Path, port: int):
     return p
 
 
+def router_version(venv: Path, dist: str) -> str:
+    r = subprocess.run([str(venv / "bin" / "python"), "-c",
+                        f"import importlib.metadata as m; print(m.version({dist!r}))"],
+                       capture_output=True, text=True)
+    return r.stdout.strip() if r.returncode == 0 else "?"
+
+
+def router_argv(name: str, venv: Path, port: int, metrics_port: int, backend_ports: list[int]) -> list[str]:
+    """The router as a user would start it in front of these 4 backends, with
+    its session-key policy; the rest at its defaults (retries, circuit
+    breaker, health checks, metrics), bound to loopback, logging at warn."""
+    workers = [f"http://127.0.0.1:{p}" for p in backend_ports]
+    common = ["--host", "127.0.0.1", "--port", str(port), "--worker-urls", *workers,
+              "--policy", ROUTERS[name]["policy"],
+              "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port)]
+    if name == "vllm-router":
+        # "--log-level warning" alone still logs 3 INFO lines per request in
+        # 0.1.17 (consistent_hash debug lines); RUST_LOG=warn (below) quiets them
+        return [str(venv / "bin" / "vllm-router"), *common, "--log-level", "warning"]
+    # the default 180 s shutdown grace would outlast Procs.stop's 5 s SIGTERM wait
+    return [str(venv / "bin" / "sglang-router"), "launch", *common, "--log-level", "warn",
+            "--shutdown-grace-period-secs", "1"]
+
+
+def start_router(procs: C.Procs, name: str, venv: Path, threads: int, port: int,
+                 backend_ports: list[int]):
+    """Starts a router with `threads` tokio worker threads (TOKIO_WORKER_THREADS:
+    neither has a flag for it; both build tokio's multi-thread runtime without
+    setting a count, so tokio reads the variable) and waits until it proxies."""
+    env = dict(os.environ)
+    env["TOKIO_WORKER_THREADS"] = str(threads)
+    env["RUST_LOG"] = "warn"
+    env["NO_COLOR"] = "1"
+    p = procs.start(name, router_argv(name, venv, port, C.free_port(), backend_ports), env=env)
+    C.wait_port(port, timeout=60, proc=p)
+    deadline = time.monotonic() + 60
+    while True:  # listening is not yet routing: wait for its first 200
+        try:
+            post(port, "/v1/chat/completions", chat_body(FAKE_MODEL, "bench-session-001", False, 16),
+                 ROUTERS[name]["header"], "bench-session-001")
+            return p
+        except Exception:  # noqa: BLE001
+            if p.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{name} does not answer 200 on /v1/chat/completions (log: {procs.workdir / name}.log)")
+            time.sleep(0.2)
+
+
+def post(port: int, path: str, body: bytes, header: str, key: str) -> bytes:
+    """One POST; the body of a 200 answer (anything else raises)."""
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=body, method="POST",
+                                 headers={"Content-Type": "application/json", header: key})
+    with urllib.request.urlopen(req, timeout=5) as r:
+        if r.status != 200:
+            raise RuntimeError(f"{path}: status {r.status}")
+        return r.read()
+
+
+def check_target(t: dict, n_backends: int) -> str:
+    """Before any load: a chat request gets 200 and exactly the backends' body;
+    and the target routes by its key header: 16 keys, each sent 3 times to
+    POST /v1/completions (the backends answer it with their port), must each
+    stay on one backend, and together reach more than one."""
+    body = post(t["port"], "/v1/chat/completions", chat_body(FAKE_MODEL, "bench-session-001", False, 16),
+                t["header"], "bench-session-001")
+    if body.decode() != FAKE_BODY:
+        raise RuntimeError(f"{t['name']}: the chat answer is not the backends' body: {body[:300]!r}")
+    if t["name"] == "direct":
+        return "one backend"
+    seen: dict[str, set[str]] = {}
+    prompt = json.dumps({"model": FAKE_MODEL, "prompt": "Which backend?", "max_tokens": 1}).encode()
+    for _ in range(3):
+        for k in range(16):
+            key = f"bench-session-{k + 1:03d}"
+            ans = json.loads(post(t["port"], "/v1/completions", prompt, t["header"], key))
+            seen.setdefault(key, set()).add(ans["choices"][0]["text"])
+    split = {k: v for k, v in seen.items() if len(v) > 1}
+    used = set().union(*seen.values())
+    if split or len(used) < 2:
+        raise RuntimeError(f"{t['name']}: no key affinity on {t['header']}: keys split {split}, "
+                           f"backends used {sorted(used)}")
+    return f"every key on one backend, {len(used)} of {n_backends} backends used"
+
+
+def thread_ticks(pid: int) -> dict[str, tuple[str, int]]:
+    """Thread id -> (name, utime+stime in clock ticks) of every thread of pid."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except OSError:
+            continue
+        f = stat[stat.rindex(")") + 2:].split()
+        out[tid] = (name, int(f[11]) + int(f[12]))
+    return out
+
+
+def thread_use(before: dict, after: dict) -> str:
+    """The threads by name, each with its share of the process's CPU between
+    the two samples, e.g. '1 `tokio-rt-worker` (100%), 1 `vllm::router` (0%)'."""
+    count: dict[str, int] = {}
+    used: dict[str, int] = {}
+    for tid, (name, ticks) in after.items():
+        count[name] = count.get(name, 0) + 1
+        used[name] = used.get(name, 0) + ticks - before.get(tid, (name, 0))[1]
+    total = max(1, sum(used.values()))
+    return ", ".join(f"{count[n]} `{n}` ({100 * used[n] / total:.0f}%)" for n in sorted(count))
+
+
 # --------------------------------------------------------------------------
 # wrk
 
 
-def run_wrk(port: int, script: str, conns: int, duration: float, extra: list[str]) -> dict:
+def run_wrk(port: int, script: str, conns: int, duration: float, delay_ms: int = 0,
+            header: str = KEY_HEADER) -> dict:
     argv = ["wrk", "-t2", f"-c{conns}", f"-d{duration:g}s", "--timeout", "5s", "-s", str(HERE / script),
-            f"http://127.0.0.1:{port}", "--", FAKE_MODEL, "64", *extra]
+            f"http://127.0.0.1:{port}", "--", FAKE_MODEL, "64", str(delay_ms), header]
     r = subprocess.run(argv, capture_output=True, text=True, timeout=duration + 60)
     m = re.search(r"^POIMEN_JSON (\{.*\})$", r.stdout, re.M)
     if r.returncode != 0 or not m:
@@ -173,7 +328,7 @@ def run_wrk(port: int, script: str, conns: int, duration: float, extra: list[str
 
 
 def measure(target: dict, backends_pid: int, script: str, conns: int, duration: float,
-            extra: list[str]) -> dict:
+            delay_ms: int = 0) -> dict:
     """One wrk run against target, with the CPU time the proxy (and the
     backends, and wrk) used over it."""
     proxy_pid = target["pid"]
@@ -181,7 +336,7 @@ def measure(target: dict, backends_pid: int, script: str, conns: int, duration: 
     b0 = C.tree_cpu_us(backends_pid)
     w0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     s0 = C.system_busy_us()
-    d = run_wrk(target["port"], script, conns, duration, extra)
+    d = run_wrk(target["port"], script, conns, duration, delay_ms, target["header"])
     w1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     s1 = C.system_busy_us()
     p1 = C.tree_cpu_us(proxy_pid)
@@ -322,7 +477,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--duration", type=float, default=10.0, help="seconds per saturated round")
-    ap.add_argument("--threads", type=int, default=1, help="nginx worker_processes = gateway threads")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="nginx worker_processes = gateway threads = routers' TOKIO_WORKER_THREADS")
     ap.add_argument("--conns", type=int, default=32)
     ap.add_argument("--paced-rounds", type=int, default=3)
     ap.add_argument("--paced-duration", type=float, default=10.0)
@@ -333,14 +489,32 @@ def main() -> int:
     ap.add_argument("--sse-requests", type=int, default=1000, help="per target per round")
     ap.add_argument("--streams", type=int, default=1000)
     ap.add_argument("--out", default=str(C.RESULTS / "overhead.md"))
+    ap.add_argument("--targets", default=",".join(ALL_TARGETS),
+                    help="comma-separated rows to measure, of: " + ", ".join(ALL_TARGETS) +
+                    " (direct and nginx are always measured: the other rows are compared with them)")
     ap.add_argument("--no-baseline", action="store_true", help="skip the bare Pingora proxy (pingora-bare)")
     ap.add_argument("--keep-logs", action="store_true")
     a = ap.parse_args()
+    chosen = {n.strip() for n in a.targets.split(",") if n.strip()}
+    if chosen - set(ALL_TARGETS):
+        ap.error(f"unknown targets {', '.join(sorted(chosen - set(ALL_TARGETS)))}; known: {', '.join(ALL_TARGETS)}")
+    if a.no_baseline:
+        chosen.discard("pingora-bare")
+    chosen |= {"direct", "nginx"}
+    a.targets = [n for n in ALL_TARGETS if n in chosen]
 
     C.signals_raise()
     C.raise_nofile()
     C.need_tools("wrk", "nginx")
-    bins = C.bin_dir()
+    venv = C.bench_venv()
+    for name in ROUTERS:
+        if name in chosen and not (venv / "bin" / name).exists():
+            sys.exit(f"{venv / 'bin' / name} missing: run bash bench/setup.sh (or leave {name} out of --targets)")
+    # the Rust binaries only for the gateway rows (and vllm-sim for SSE/RSS) and pingora-bare
+    with_gateway = "gateway" in chosen
+    bins = C.bin_dir() if chosen & {*GATEWAYS, "pingora-bare"} else None
+    sse_on = with_gateway and a.sse_rounds > 0
+    rss_on = with_gateway and a.streams > 0
     t_start = time.time()
     with C.bench_run("overhead", a.keep_logs) as (wd, procs):
         T = a.threads
@@ -349,9 +523,10 @@ def main() -> int:
         proxy_port, proxy_sse_port = C.free_port(), C.free_port()
 
         backends = start_nginx(procs, "backends", backends_conf(wd, fake_ports), fake_ports[-1])
-        for i, p in enumerate(sim_ports):
-            C.start_sim(procs, bins, f"sim-fast-{i}", p, "--time-scale", "0", "--max-num-seqs", "256",
-                        "--kv-cache-tokens", "1048576", model=FAST_MODEL)
+        if sse_on:
+            for i, p in enumerate(sim_ports):
+                C.start_sim(procs, bins, f"sim-fast-{i}", p, "--time-scale", "0", "--max-num-seqs", "256",
+                            "--kv-cache-tokens", "1048576", model=FAST_MODEL)
         proxy = start_nginx(procs, "proxy", proxy_conf(wd, T, proxy_port, fake_ports, proxy_sse_port, sim_ports),
                             proxy_sse_port)
         models = [
@@ -366,6 +541,8 @@ def main() -> int:
         gateways = {}  # name -> (process, port, metrics port)
         for name, rust_log, work_stealing in (("gateway", "info", False), ("gateway-quiet", "warn", False),
                                               ("gateway-steal", "info", True)):
+            if name not in chosen:
+                continue
             port, mport = C.free_port(), C.free_port()
             cfg = C.gateway_yaml(wd, name, port, mport, models, threads=T, scheduler=sched,
                                  extra={"stream_usage": True}, work_stealing=work_stealing)
@@ -375,16 +552,27 @@ def main() -> int:
             {"name": "direct", "port": fake_ports[0], "pid": backends.pid},
             {"name": "nginx", "port": proxy_port, "pid": proxy.pid},
         ] + [{"name": name, "port": port, "pid": p.pid} for name, (p, port, _) in gateways.items()]
-        bb = None if a.no_baseline else baseline_bin(bins)
+        bb = baseline_bin(bins) if "pingora-bare" in chosen else None
         if bb:
             bare_port = C.free_port()
             bare = procs.start("pingora-bare", [str(bb), f"127.0.0.1:{bare_port}", str(T)]
                                + [f"127.0.0.1:{p}" for p in fake_ports])
             C.wait_port(bare_port, proc=bare)
             targets.append({"name": "pingora-bare", "port": bare_port, "pid": bare.pid})
-        # sanity: every target answers 200 with the fake body
+        for name in ROUTERS:
+            if name in chosen:
+                port = C.free_port()
+                p = start_router(procs, name, venv, T, port, fake_ports)
+                targets.append({"name": name, "port": port, "pid": p.pid, "header": ROUTERS[name]["header"],
+                                "version": router_version(venv, ROUTERS[name]["dist"])})
         for t in targets:
-            d = run_wrk(t["port"], "chat.lua", 2, 1, [])
+            t.setdefault("header", KEY_HEADER)
+        # sanity: every target answers 200 with the backends' body and keeps a key
+        # on one backend; then a short wrk run without errors
+        for t in targets:
+            t["check"] = check_target(t, len(fake_ports))
+            print(f"  {t['name']}: {t['check']}", flush=True)
+            d = run_wrk(t["port"], "chat.lua", 2, 1, 0, t["header"])
             if d["errors"] or d["requests"] == 0:
                 raise RuntimeError(f"{t['name']}: sanity run had errors: {d}")
             time.sleep(1.0)
@@ -392,14 +580,18 @@ def main() -> int:
         # ---- 1. saturated, interleaved rounds
         print(f"saturated: {a.rounds} rounds x {len(targets)} targets x {a.duration:g}s, "
               f"wrk -t2 -c{a.conns}; proxies with {T} worker/thread", flush=True)
-        for t in targets:  # warm-up, not counted
-            run_wrk(t["port"], "chat.lua", a.conns, 3, [])
+        for t in targets:  # warm-up, not counted; which threads do the work
+            before = thread_ticks(t["pid"])
+            run_wrk(t["port"], "chat.lua", a.conns, 3, 0, t["header"])
+            t["threads"] = thread_use(before, thread_ticks(t["pid"]))
+            if t["name"] not in ("direct", "nginx"):  # nginx: the master's threads only, idle
+                print(f"  warm-up {t['name']}: threads (share of its CPU) {t['threads']}", flush=True)
             time.sleep(1.0)
         sat: dict[str, list[dict]] = {t["name"]: [] for t in targets}
         for r in range(a.rounds):
             order = targets if r % 2 == 0 else list(reversed(targets))
             for t in order:
-                d = measure(t, backends.pid, "chat.lua", a.conns, a.duration, [])
+                d = measure(t, backends.pid, "chat.lua", a.conns, a.duration)
                 sat[t["name"]].append(d)
                 print(f"  round {r + 1} {t['name']:14s} {d['rps']:9.0f} req/s  p50 {fmt_ms(d['p50_us'])} ms  "
                       f"p99 {fmt_ms(d['p99_us'])} ms  proxy {d['proxy_cpu_us_per_req']:.1f} us/req  "
@@ -407,6 +599,7 @@ def main() -> int:
 
         # ---- 2. paced
         paced_targets = [t for t in targets if t["name"] not in ("gateway-quiet", "gateway-steal")]
+        width = max(len(t["name"]) for t in paced_targets)
         rate = a.paced_conns * 1000 / a.paced_delay_ms
         print(f"paced: ~{rate:.0f} req/s ({a.paced_conns} conns, delay {a.paced_delay_ms} ms), "
               f"{a.paced_rounds} rounds x {a.paced_duration:g}s", flush=True)
@@ -414,18 +607,19 @@ def main() -> int:
         for r in range(a.paced_rounds):
             order = paced_targets if r % 2 == 0 else list(reversed(paced_targets))
             for t in order:
-                d = measure(t, backends.pid, "paced.lua", a.paced_conns, a.paced_duration,
-                            [str(a.paced_delay_ms)])
+                d = measure(t, backends.pid, "paced.lua", a.paced_conns, a.paced_duration, a.paced_delay_ms)
                 paced[t["name"]].append(d)
-                print(f"  round {r + 1} {t['name']:8s} {d['rps']:6.0f} req/s  p50 {fmt_ms(d['p50_us'])} ms  "
+                print(f"  round {r + 1} {t['name']:{width}s} {d['rps']:6.0f} req/s  p50 {fmt_ms(d['p50_us'])} ms  "
                       f"p99 {fmt_ms(d['p99_us'])} ms  proxy {d['proxy_cpu_us_per_req']:.1f} us/req", flush=True)
 
-        # ---- 3. SSE time to first byte
-        sse_targets = [("direct", sim_ports[0]), ("nginx", proxy_sse_port), ("gateway", gateways["gateway"][1])]
-        print(f"SSE: {a.sse_rounds} rounds x {a.sse_requests} sequential streams per target "
-              f"(vllm-sim --time-scale 0)", flush=True)
-        sse: dict[str, list[dict]] = {n: [] for n, _ in sse_targets}
-        for r in range(a.sse_rounds):
+        # ---- 3. SSE time to first byte (with the gateway only: it is the gateway's)
+        sse_targets = [("direct", sim_ports[0]), ("nginx", proxy_sse_port)]
+        if sse_on:
+            sse_targets.append(("gateway", gateways["gateway"][1]))
+            print(f"SSE: {a.sse_rounds} rounds x {a.sse_requests} sequential streams per target "
+                  f"(vllm-sim --time-scale 0)", flush=True)
+        sse: dict[str, list[dict]] = {n: [] for n, _ in sse_targets} if sse_on else {}
+        for r in range(a.sse_rounds if sse_on else 0):
             order = sse_targets if r % 2 == 0 else list(reversed(sse_targets))
             for name, port in order:
                 d = asyncio.run(sse_round(port, a.sse_requests))
@@ -444,40 +638,45 @@ def main() -> int:
         # ---- 4. RSS: a fresh gateway, idle, then with STREAMS open streams
         for p, _, _ in gateways.values():
             procs.stop(p)
-        slow_ports = [C.free_port() for _ in range(4)]
-        for i, p in enumerate(slow_ports):
-            C.start_sim(procs, bins, f"sim-slow-{i}", p, "--max-num-seqs", "2000",
-                        "--decode-us-per-token", "100000", "--step-us-per-running-seq", "0",
-                        "--kv-cache-tokens", "1048576", model=SLOW_MODEL)
-        rss_port, rss_metrics = C.free_port(), C.free_port()
-        cfg_rss = C.gateway_yaml(wd, "gateway-rss", rss_port, rss_metrics,
-                                 [{"name": SLOW_MODEL, "addresses": [f"127.0.0.1:{p}" for p in slow_ports],
-                                   "max_num_seqs": 2000}],
-                                 threads=T, scheduler={"max_num_seqs": 2000, "max_queue_depth": 0},
-                                 extra={"stream_usage": True})
-        gw_rss = C.start_gateway(procs, bins, "gateway-rss", cfg_rss, rss_port)
-        time.sleep(1.0)
-        rss_idle = C.rss_kib(gw_rss.pid)
-        print(f"RSS: fresh gateway idle {rss_idle / 1024:.1f} MiB; opening {a.streams} streams ...", flush=True)
-        hold = asyncio.run(hold_streams(rss_port, gw_rss.pid, a.streams, 300))
-        time.sleep(2.0)
-        rss_after = C.rss_kib(gw_rss.pid)
-        m_rss = C.http_get(f"http://127.0.0.1:{rss_metrics}/metrics")
-        inflight_after = C.prom_values(m_rss, "poimen_gateway_inflight")
-        hold["failures"] = C.prom_values(m_rss, "poimen_gateway_backend_failures_total")
-        print(f"  {hold['open']} streams open after {hold['open_secs']:.1f}s: RSS "
-              f"{C.median(hold['rss_kib']) / 1024:.1f} MiB (samples {hold['rss_kib']}); after closing "
-              f"{rss_after / 1024:.1f} MiB, inflight {inflight_after:g}; statuses {hold['statuses']}, "
-              f"errors {hold['n_errors']}", flush=True)
+        rss = rss_part(a, T, wd, procs, bins) if rss_on else None
 
-        report = render(a, T, sat, paced, sse, rss_idle, hold, rss_after, inflight_after, bins,
-                        time.time() - t_start, failures)
+        report = render(a, T, targets, sat, paced, sse, rss, bins, time.time() - t_start, failures)
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(report)
         print()
         print(report)
         print(f"written to {a.out}")
         return 0
+
+
+def rss_part(a, T: int, wd: Path, procs: C.Procs, bins: Path) -> dict:
+    """A fresh gateway, idle, then with a.streams open streams to 4 slow sims."""
+    slow_ports = [C.free_port() for _ in range(4)]
+    for i, p in enumerate(slow_ports):
+        C.start_sim(procs, bins, f"sim-slow-{i}", p, "--max-num-seqs", "2000",
+                    "--decode-us-per-token", "100000", "--step-us-per-running-seq", "0",
+                    "--kv-cache-tokens", "1048576", model=SLOW_MODEL)
+    rss_port, rss_metrics = C.free_port(), C.free_port()
+    cfg_rss = C.gateway_yaml(wd, "gateway-rss", rss_port, rss_metrics,
+                             [{"name": SLOW_MODEL, "addresses": [f"127.0.0.1:{p}" for p in slow_ports],
+                               "max_num_seqs": 2000}],
+                             threads=T, scheduler={"max_num_seqs": 2000, "max_queue_depth": 0},
+                             extra={"stream_usage": True})
+    gw_rss = C.start_gateway(procs, bins, "gateway-rss", cfg_rss, rss_port)
+    time.sleep(1.0)
+    rss_idle = C.rss_kib(gw_rss.pid)
+    print(f"RSS: fresh gateway idle {rss_idle / 1024:.1f} MiB; opening {a.streams} streams ...", flush=True)
+    hold = asyncio.run(hold_streams(rss_port, gw_rss.pid, a.streams, 300))
+    time.sleep(2.0)
+    rss_after = C.rss_kib(gw_rss.pid)
+    m_rss = C.http_get(f"http://127.0.0.1:{rss_metrics}/metrics")
+    inflight_after = C.prom_values(m_rss, "poimen_gateway_inflight")
+    hold["failures"] = C.prom_values(m_rss, "poimen_gateway_backend_failures_total")
+    print(f"  {hold['open']} streams open after {hold['open_secs']:.1f}s: RSS "
+          f"{C.median(hold['rss_kib']) / 1024:.1f} MiB (samples {hold['rss_kib']}); after closing "
+          f"{rss_after / 1024:.1f} MiB, inflight {inflight_after:g}; statuses {hold['statuses']}, "
+          f"errors {hold['n_errors']}", flush=True)
+    return {"idle": rss_idle, "hold": hold, "after": rss_after, "inflight_after": inflight_after}
 
 
 def prom_codes(text: str) -> dict[str, float]:
@@ -489,7 +688,7 @@ def prom_codes(text: str) -> dict[str, float]:
     return out
 
 
-def render(a, T, sat, paced, sse, rss_idle, hold, rss_after, inflight_after, bins, elapsed, failures) -> str:
+def render(a, T, targets, sat, paced, sse, rss, bins, elapsed, failures) -> str:
     med = lambda rows, k: C.median([r[k] for r in rows])  # noqa: E731
     S = {n: {k: med(rows, k) for k in ("rps", "p50_us", "p99_us", "proxy_cpu_us_per_req",
                                           "backend_cpu_us_per_req", "wrk_cpu_us_per_req", "proxy_cpu_cores",
@@ -501,17 +700,24 @@ def render(a, T, sat, paced, sse, rss_idle, hold, rss_after, inflight_after, bin
     L = C.report_head("poimen-gateway data-plane overhead", bins,
                       "; wrk, proxy and backends all share the 2 cores")
     w = L.append
+    by_name = {t["name"]: t for t in targets}
+    routers = [n for n in ROUTERS if n in by_name]
+    versions = "".join(f", {n} {by_name[n]['version']}" for n in routers)
     w(f"- nginx {subprocess.run([C.nginx_bin(), '-v'], capture_output=True, text=True).stderr.strip().split('/')[-1]}"
-      f" (Debian), wrk {subprocess.run(['wrk', '-v'], capture_output=True, text=True).stdout.split()[1]} (Debian)")
-    w(f"- proxies: **{T} worker/thread each** (nginx `worker_processes {T}`, gateway `threads: {T}`)")
+      f" (Debian), wrk {subprocess.run(['wrk', '-v'], capture_output=True, text=True).stdout.split()[1]} (Debian)"
+      f"{versions}{' (PyPI, in the venv `bench/setup.sh` makes)' if routers else ''}")
+    w(f"- proxies: **{T} worker/thread each** (nginx `worker_processes {T}`, gateway `threads: {T}`"
+      f"{f', routers `TOKIO_WORKER_THREADS={T}`' if routers else ''})")
     args = " ".join(sys.argv[1:])
     w(f"- command: `bash bench/overhead/run.sh{(' ' + args) if args else ''}` (in effect: `--rounds {a.rounds} "
-      f"--duration {a.duration:g} --threads {T}`...); total run time {elapsed / 60:.1f} min")
+      f"--duration {a.duration:g} --threads {T} --targets {','.join(a.targets)}`...); "
+      f"total run time {elapsed / 60:.1f} min")
     w("")
     w("## Saturated throughput")
     w("")
     w(f"wrk `-t2 -c{a.conns} -d{a.duration:g}s -s bench/overhead/chat.lua` (POST /v1/chat/completions, "
-      "~2 KB body with `\"model\"` last, 64 keys cycled in `X-Poimen-Cache-Key`); backends: 4 ports of one "
+      "~2 KB body with `\"model\"` last, 64 keys cycled in `X-Poimen-Cache-Key`"
+      f"{', or in the header the router routes by' if routers else ''}); backends: 4 ports of one "
       "nginx (1 worker) returning a fixed 450-byte chat-completion JSON. "
       f"{a.rounds} rounds, targets interleaved (order reversed every other round); **medians over rounds**.")
     w("")
@@ -528,25 +734,56 @@ def render(a, T, sat, paced, sse, rss_idle, hold, rss_after, inflight_after, bin
     w("- `nginx`: `upstream { hash $http_x_poimen_cache_key consistent; server ...x4; keepalive 64; }`, "
       "`proxy_http_version 1.1; proxy_set_header Connection \"\";`, `access_log off`, "
       "`keepalive_requests 1000000` (client side and upstream, so neither side reconnects every 1,000 requests).")
-    w("- `gateway`: poimen-gateway, the 4 backends under one model, `scheduler: {max_num_seqs: 4096 (the largest the config allows; 32 connections never reach it), "
-      "max_queue_depth: 0}`, `stream_usage: true`, default logging (`RUST_LOG=info`: one JSON "
-      "`prefix_cache` line per request to stderr, redirected to a file).")
-    w("- `gateway-quiet`: the same with `RUST_LOG=warn` (no per-request log line), to show what the log line costs.")
-    w("- `gateway-steal`: `gateway` on tokio's work-stealing runtime (`work_stealing: true`, Pingora's default) "
-      "instead of the no-steal runtime the shipped configuration selects, to show what that choice saves.")
+    if "gateway" in sat:
+        w("- `gateway`: poimen-gateway, the 4 backends under one model, `scheduler: {max_num_seqs: 4096 (the largest the config allows; 32 connections never reach it), "
+          "max_queue_depth: 0}`, `stream_usage: true`, default logging (`RUST_LOG=info`: one JSON "
+          "`prefix_cache` line per request to stderr, redirected to a file).")
+    if "gateway-quiet" in sat:
+        w("- `gateway-quiet`: the same with `RUST_LOG=warn` (no per-request log line), to show what the log line costs.")
+    if "gateway-steal" in sat:
+        w("- `gateway-steal`: `gateway` on tokio's work-stealing runtime (`work_stealing: true`, Pingora's default) "
+          "instead of the no-steal runtime the shipped configuration selects, to show what that choice saves.")
     if "pingora-bare" in sat:
         w(f"- `pingora-bare`: `bench/overhead/pingora-baseline`, the least a Pingora proxy does (same Pingora 0.9.1 "
           f"and features, `threads: {T}`): `upstream_peer` hashes `X-Poimen-Cache-Key` over the 4 backends, the "
           "body streams through, no body read before routing, no admission, accounting, metrics or logging. "
           "The floor under the gateway: gateway − pingora-bare = what the gateway's own work costs.")
-    fails = ", ".join(f"{n}: {f:g} backend failures, {c:g} 503s" for n, (f, c) in failures.items())
-    w("- client disconnects: wrk closes its connections with requests in flight when a run ends. Before commit "
-      "2950572 the gateway counted each such disconnect as a backend failure, excluded the backend for 30 s and "
-      "retried the abandoned request on the next one, so after the first run all 4 backends were excluded and "
-      "every request got 503 `no_backend` (the integration test `failover::a_client_leaving_before_the_answer_is_not_a_backend_failure` guards it). "
-      f"Gateway counters over this whole run: {fails}.")
+    if "vllm-router" in sat:
+        t = by_name["vllm-router"]
+        w(f"- `vllm-router`: vllm-router {t['version']} from PyPI (the vLLM project's router: Rust, axum and hyper "
+          "on tokio, started by a Python launcher): `--worker-urls` the 4 backends, `--policy consistent_hash`, "
+          "the key in `X-Session-Id`; everything else at its defaults (retries, circuit breaker, `/health` checks "
+          "every 60 s, `--max-concurrent-requests 32768` with its queue, Prometheus metrics, here on a loopback "
+          "port). Logging: `--log-level warning` and `RUST_LOG=warn`: 0.1.17 does not apply `warning` (it still "
+          "writes 3 INFO lines per request from `consistent_hash`), `RUST_LOG=warn` silences them. No flag sets "
+          f"its worker threads; it builds tokio's multi-thread runtime without a count, so `TOKIO_WORKER_THREADS={T}` "
+          f"does. Its threads (share of its CPU during the warm-up): {t['threads']}; the launcher's "
+          "thread only starts the router.")
+    if "sglang-router" in sat:
+        t = by_name["sglang-router"]
+        w(f"- `sglang-router`: sglang-router {t['version']} from PyPI (`sglang-router launch`, the SGLang Model "
+          "Gateway: Rust, axum and hyper on tokio, started by a Python launcher): `--worker-urls` the 4 backends, "
+          "`--policy manual`, the key in `X-SMG-Routing-Key` (a new key goes to a random backend, the default "
+          "`--assignment-mode random`, and stays there); everything else at its defaults (retries, circuit "
+          "breaker, health checks, no concurrency limit, Prometheus metrics, here on a loopback port); "
+          "`--log-level warn` and `RUST_LOG=warn`; `--shutdown-grace-period-secs 1` (stopping it takes 1 s, "
+          "not 180). At start it probes each backend (`/health`, an HTTP/2 preface, `/server_info`, "
+          "`/model_info` and their `/get_` forms: the fake backends answer 404 to those, as vLLM does). "
+          f"Worker threads as for vllm-router: `TOKIO_WORKER_THREADS={T}`. Its threads (share of its CPU during "
+          f"the warm-up): {t['threads']}.")
+    if failures:
+        fails = ", ".join(f"{n}: {f:g} backend failures, {c:g} 503s" for n, (f, c) in failures.items())
+        w("- client disconnects: wrk closes its connections with requests in flight when a run ends. Before commit "
+          "2950572 the gateway counted each such disconnect as a backend failure, excluded the backend for 30 s and "
+          "retried the abandoned request on the next one, so after the first run all 4 backends were excluded and "
+          "every request got 503 `no_backend` (the integration test `failover::a_client_leaving_before_the_answer_is_not_a_backend_failure` guards it). "
+          f"Gateway counters over this whole run: {fails}.")
+    w("- checked before the runs: every target answers a chat request with 200 and exactly the backends' body; "
+      "key affinity (16 keys, each sent 3 times in the target's key header to `POST /v1/completions`, which the "
+      "backends answer with their port): " + "; ".join(f"{t['name']}: {t['check']}" for t in targets[1:]) + ".")
+    w("- errors: wrk's count (connect, read, write, timeout, and answers with status ≥ 400) over all rounds.")
     w("- CPU µs/req = (utime+stime of the proxy's processes from /proc/<pid>/stat after the run − before) / "
-      "requests completed; nginx = master + worker.")
+      "requests completed; nginx = master + worker; a router = its one process (launcher and router, all threads).")
     w("")
     w("Why the gateway costs what it costs (perf and strace, `bench/overhead/profile.py`): "
       "[overhead-analysis.md](overhead-analysis.md).")
@@ -579,7 +816,8 @@ def render(a, T, sat, paced, sse, rss_idle, hold, rss_after, inflight_after, bin
     w(f"wrk `-t2 -c{a.paced_conns} -d{a.paced_duration:g}s -s bench/overhead/paced.lua -- bench-model 64 "
       f"{a.paced_delay_ms}`: each connection waits {a.paced_delay_ms} ms after a response before its next "
       f"request (wrk's Lua `delay()`; wrk2 is not in Debian), i.e. ~{a.paced_conns * 1000 / a.paced_delay_ms:.0f} "
-      f"req/s offered. {a.paced_rounds} rounds interleaved; medians.")
+      f"req/s offered{'; the routers get their key header as a 4th script argument' if routers else ''}. "
+      f"{a.paced_rounds} rounds interleaved; medians.")
     w("")
     w("| target | achieved req/s | p50 ms | p99 ms | added p50 vs direct | added p99 vs direct | proxy CPU µs/req |")
     w("|---|---:|---:|---:|---:|---:|---:|")
@@ -591,51 +829,54 @@ def render(a, T, sat, paced, sse, rss_idle, hold, rss_after, inflight_after, bin
           f"{s['proxy_cpu_us_per_req']:.1f}{' (backend)' if n == 'direct' else ''} |")
     w("")
 
-    Q = {n: {k: med(rows, k) for k in ("ttfb_p50", "ttfb_p99", "tok_p50", "tok_p99", "total_p50")}
-         for n, rows in sse.items()}
-    w("## SSE time to first byte")
-    w("")
-    w(f"4 × `vllm-sim --time-scale 0 --max-num-seqs 256` (no simulated delay: what is measured is transport); "
-      f"a Python aiohttp client sends {a.sse_requests} streamed chat requests (`stream: true`, 16 tokens, "
-      "~2 KB body, 64 keys) one after another on one keep-alive connection per target and round; "
-      "TTFB = request sent → first `data:` event; first token = → first chunk with content. "
-      f"{a.sse_rounds} rounds interleaved; medians. nginx here: the same upstream block over the sims, "
-      "`proxy_buffering off`. The gateway adds `stream_options.include_usage` and strips the usage chunk.")
-    w("")
-    w("| target | TTFB p50 ms | TTFB p99 ms | first token p50 ms | first token p99 ms | whole stream p50 ms | TTFB p50 vs direct |")
-    w("|---|---:|---:|---:|---:|---:|---:|")
-    for n in sse:
-        s = Q[n]
-        add = "—" if n == "direct" else f"+{(s['ttfb_p50'] - Q['direct']['ttfb_p50']):.0f} µs"
-        w(f"| {n} | {fmt_ms(s['ttfb_p50'])} | {fmt_ms(s['ttfb_p99'])} | {fmt_ms(s['tok_p50'])} | "
-          f"{fmt_ms(s['tok_p99'])} | {fmt_ms(s['total_p50'])} | {add} |")
-    w("")
-    w("The client is Python: its own per-request cost (~0.3–1 ms) is in every row; the differences are the proxies'.")
-    w("")
+    if sse:
+        Q = {n: {k: med(rows, k) for k in ("ttfb_p50", "ttfb_p99", "tok_p50", "tok_p99", "total_p50")}
+             for n, rows in sse.items()}
+        w("## SSE time to first byte")
+        w("")
+        w(f"4 × `vllm-sim --time-scale 0 --max-num-seqs 256` (no simulated delay: what is measured is transport); "
+          f"a Python aiohttp client sends {a.sse_requests} streamed chat requests (`stream: true`, 16 tokens, "
+          "~2 KB body, 64 keys) one after another on one keep-alive connection per target and round; "
+          "TTFB = request sent → first `data:` event; first token = → first chunk with content. "
+          f"{a.sse_rounds} rounds interleaved; medians. nginx here: the same upstream block over the sims, "
+          "`proxy_buffering off`. The gateway adds `stream_options.include_usage` and strips the usage chunk.")
+        w("")
+        w("| target | TTFB p50 ms | TTFB p99 ms | first token p50 ms | first token p99 ms | whole stream p50 ms | TTFB p50 vs direct |")
+        w("|---|---:|---:|---:|---:|---:|---:|")
+        for n in sse:
+            s = Q[n]
+            add = "—" if n == "direct" else f"+{(s['ttfb_p50'] - Q['direct']['ttfb_p50']):.0f} µs"
+            w(f"| {n} | {fmt_ms(s['ttfb_p50'])} | {fmt_ms(s['ttfb_p99'])} | {fmt_ms(s['tok_p50'])} | "
+              f"{fmt_ms(s['tok_p99'])} | {fmt_ms(s['total_p50'])} | {add} |")
+        w("")
+        w("The client is Python: its own per-request cost (~0.3–1 ms) is in every row; the differences are the proxies'.")
+        w("")
 
-    w("## Gateway memory (RSS)")
-    w("")
-    rss_open = C.median(hold["rss_kib"])
-    w(f"A fresh gateway (`threads: {T}`, `max_num_seqs: 2000` per backend, `max_queue_depth: 0`) in front of 4 × "
-      "`vllm-sim --max-num-seqs 2000 --decode-us-per-token 100000 --step-us-per-running-seq 0` "
-      f"(10 tokens/s per stream, 300 tokens: 30 s streams). {a.streams} SSE streams opened at once from one "
-      "aiohttp client (one connection each), read as they come; RSS (`VmRSS` of /proc/<pid>/status) "
-      "sampled 5 times over 2.5 s once every stream had its first event; then every stream closed by the client.")
-    w("")
-    w("| state | gateway RSS |")
-    w("|---|---:|")
-    w(f"| idle, fresh (1 s after start) | {rss_idle / 1024:.1f} MiB |")
-    w(f"| {hold['open']} streams open (median of samples; min–max) | {rss_open / 1024:.1f} MiB "
-      f"({min(hold['rss_kib']) / 1024:.1f}–{max(hold['rss_kib']) / 1024:.1f}) |")
-    w(f"| 2 s after the client closed them all | {rss_after / 1024:.1f} MiB |")
-    w("")
-    w(f"- per open stream: {(rss_open - rss_idle) / max(1, hold['open']):.1f} KiB "
-      f"(client + upstream connection, buffers, task); opening all took {hold['open_secs']:.1f} s; "
-      f"gateway threads: {hold['threads']}")
-    w(f"- responses: {hold['statuses']}, client errors {hold['n_errors']}; "
-      f"`poimen_gateway_inflight` after closing: {inflight_after:g} (slots freed on client disconnect); "
-      f"backend failures counted: {hold['failures']:g} (closing a stream after its headers is not one)")
-    w("")
+    if rss:
+        w("## Gateway memory (RSS)")
+        w("")
+        hold, rss_idle, rss_after, inflight_after = rss["hold"], rss["idle"], rss["after"], rss["inflight_after"]
+        rss_open = C.median(hold["rss_kib"])
+        w(f"A fresh gateway (`threads: {T}`, `max_num_seqs: 2000` per backend, `max_queue_depth: 0`) in front of 4 × "
+          "`vllm-sim --max-num-seqs 2000 --decode-us-per-token 100000 --step-us-per-running-seq 0` "
+          f"(10 tokens/s per stream, 300 tokens: 30 s streams). {a.streams} SSE streams opened at once from one "
+          "aiohttp client (one connection each), read as they come; RSS (`VmRSS` of /proc/<pid>/status) "
+          "sampled 5 times over 2.5 s once every stream had its first event; then every stream closed by the client.")
+        w("")
+        w("| state | gateway RSS |")
+        w("|---|---:|")
+        w(f"| idle, fresh (1 s after start) | {rss_idle / 1024:.1f} MiB |")
+        w(f"| {hold['open']} streams open (median of samples; min–max) | {rss_open / 1024:.1f} MiB "
+          f"({min(hold['rss_kib']) / 1024:.1f}–{max(hold['rss_kib']) / 1024:.1f}) |")
+        w(f"| 2 s after the client closed them all | {rss_after / 1024:.1f} MiB |")
+        w("")
+        w(f"- per open stream: {(rss_open - rss_idle) / max(1, hold['open']):.1f} KiB "
+          f"(client + upstream connection, buffers, task); opening all took {hold['open_secs']:.1f} s; "
+          f"gateway threads: {hold['threads']}")
+        w(f"- responses: {hold['statuses']}, client errors {hold['n_errors']}; "
+          f"`poimen_gateway_inflight` after closing: {inflight_after:g} (slots freed on client disconnect); "
+          f"backend failures counted: {hold['failures']:g} (closing a stream after its headers is not one)")
+        w("")
     return "\n".join(L) + "\n"
 
 

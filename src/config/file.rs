@@ -5,14 +5,21 @@
 //! lives here, next to its field; `super::validate` turns this into the
 //! checked internal form.
 
-use serde::Deserialize;
+use std::fmt;
+use std::marker::PhantomData;
+
+use serde::de::value::MapAccessDeserializer;
+use serde::de::{MapAccess, SeqAccess, Visitor};
+use serde::{Deserialize, Deserializer};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GatewayFile {
-    /// Client-facing listeners. Default `0.0.0.0:8080`.
+    /// Client-facing listeners: one or a list, each `"ip:port"` (plain
+    /// HTTP) or `{address, tls: {cert_file, key_file}}`. Default
+    /// `0.0.0.0:8080`.
     #[serde(default = "default_listen")]
-    pub listen: OneOrMany,
+    pub listen: Entries<ListenerFile>,
     /// Prometheus listener (Pingora's Prometheus service). Default `127.0.0.1:9091`.
     #[serde(default = "default_metrics_listen")]
     pub metrics_listen: String,
@@ -37,9 +44,12 @@ pub struct GatewayFile {
     pub read_timeout_ms: u64,
     /// Optional active health checks (see `health.rs`).
     pub health_check: Option<HealthCheckFile>,
-    /// Optional API keys.
+    /// Optional API keys and JWT bearer tokens.
     #[serde(default)]
     pub auth: AuthFile,
+    /// Trust for backends with `tls: true`.
+    #[serde(default)]
+    pub upstream_tls: UpstreamTlsFile,
     #[serde(default)]
     pub scheduler: SchedulerFile,
     /// How requests pick their backend.
@@ -47,7 +57,71 @@ pub struct GatewayFile {
     pub routing: RoutingFile,
     #[serde(default)]
     pub warmup: WarmupFile,
+    /// How backends given by DNS name are resolved.
+    #[serde(default)]
+    pub discovery: DiscoveryFile,
     pub models: Vec<ModelFile>,
+}
+
+/// A listener in its map form.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListenerFile {
+    pub address: String,
+    /// Serve HTTPS on this address. Default: plain HTTP.
+    pub tls: Option<ListenerTlsFile>,
+}
+
+impl From<String> for ListenerFile {
+    fn from(address: String) -> Self {
+        ListenerFile { address, tls: None }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListenerTlsFile {
+    /// PEM: the server certificate first, then any intermediates.
+    pub cert_file: String,
+    /// PEM: the certificate's private key (PKCS#8, PKCS#1 or SEC1).
+    pub key_file: String,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamTlsFile {
+    /// PEM CA certificates that backends' certificates must chain to.
+    /// Default: the system's trust store.
+    pub ca_file: Option<String>,
+}
+
+/// Backends by DNS name (see `discovery`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DiscoveryFile {
+    /// Names are resolved again this often, in seconds (fractions allowed,
+    /// 0.1..3600). Default 10.
+    #[serde(default = "default_refresh_secs")]
+    pub refresh_secs: f64,
+    /// DNS servers (`IP:port`) asked instead of /etc/resolv.conf's, e.g.
+    /// Consul's `127.0.0.1:8600`. /etc/hosts is read either way. Default:
+    /// none (the system's).
+    #[serde(default)]
+    pub nameservers: Vec<String>,
+    /// Start even when a name does not resolve (its backends join when it
+    /// does). Default false: refused at start.
+    #[serde(default)]
+    pub allow_unresolved: bool,
+}
+
+impl Default for DiscoveryFile {
+    fn default() -> Self {
+        DiscoveryFile {
+            refresh_secs: default_refresh_secs(),
+            nameservers: Vec::new(),
+            allow_unresolved: false,
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -76,6 +150,39 @@ pub struct AuthFile {
     /// Sent upstream as `Authorization: Bearer <key>` (vLLM's `--api-key`).
     /// Default: the client's Authorization is removed.
     pub upstream_api_key: Option<String>,
+    /// JWT bearer tokens from an OIDC provider. When set (with or without
+    /// `api_keys_file`), requests need a valid token or key. Default: none.
+    pub jwt: Option<JwtFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JwtFile {
+    /// The `iss` a token must carry. Required.
+    pub issuer: String,
+    /// One of these must be in the token's `aud`: a string or a list.
+    /// Required.
+    pub audience: OneOrMany,
+    /// The provider's keys, read at start (and so on reload). Either this
+    /// or `jwks_url`.
+    pub jwks_file: Option<String>,
+    /// The provider's keys, fetched at start, every `jwks_refresh_secs`,
+    /// and when a token names an unknown key. `https://`, or `http://` to a
+    /// loopback host only.
+    pub jwks_url: Option<String>,
+    /// CA certificates (PEM) that `jwks_url` is verified against instead of
+    /// the system's store. Default: the system's store.
+    pub ca_file: Option<String>,
+    /// Accepted `alg`s: RS256/384/512, PS256/384/512, ES256, ES384, EdDSA
+    /// (never HMAC or `none`). Default [RS256].
+    #[serde(default = "default_jwt_algorithms")]
+    pub algorithms: Vec<String>,
+    /// Clock skew allowed on `exp` and `nbf`. Default 30.
+    #[serde(default = "default_leeway_secs")]
+    pub leeway_secs: u64,
+    /// How often `jwks_url` is fetched. Default 300.
+    #[serde(default = "default_jwks_refresh_secs")]
+    pub jwks_refresh_secs: u64,
 }
 
 /// Per-backend admission (CAG-2). The environment overrides these.
@@ -188,6 +295,7 @@ impl Default for WarmupFile {
     }
 }
 
+/// A string or a list of strings (`audience`).
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
 pub enum OneOrMany {
@@ -199,10 +307,11 @@ pub enum OneOrMany {
 #[serde(deny_unknown_fields)]
 pub struct ModelFile {
     pub name: String,
-    /// A single backend (CAG-3 AC1 keeps this form working).
+    /// A single backend (CAG-3 AC1 keeps this form working): `IP:port`, or
+    /// `name:port` for every address the name resolves to.
     pub address: Option<String>,
-    /// Several backends, each a string or `{address, weight}`.
-    pub addresses: Option<Vec<AddressFile>>,
+    /// Several backends, each a string or `{address, weight, tls, sni}`.
+    pub addresses: Option<Vec<Entry<AddressFile>>>,
     /// Overrides `scheduler.max_num_seqs` for this model's backends.
     pub max_num_seqs: Option<u64>,
     /// Overrides `scheduler.max_queue_depth` for this model's backends.
@@ -211,24 +320,114 @@ pub struct ModelFile {
     pub balance_factor: Option<f64>,
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-pub enum AddressFile {
-    Plain(String),
-    Weighted(WeightedAddressFile),
-}
-
+/// A backend in its map form.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct WeightedAddressFile {
+pub struct AddressFile {
     pub address: String,
     /// Relative share of keys (weighted rendezvous). Default 1.
     #[serde(default = "default_weight")]
     pub weight: u64,
+    /// Connect with TLS, verified against `upstream_tls`. Default false.
+    #[serde(default)]
+    pub tls: bool,
+    /// With `tls`: the name sent as SNI and verified in the backend's
+    /// certificate. Default: the address's IP, verified against the
+    /// certificate's IP SANs.
+    pub sni: Option<String>,
 }
 
-fn default_listen() -> OneOrMany {
-    OneOrMany::One("0.0.0.0:8080".into())
+fn default_jwt_algorithms() -> Vec<String> {
+    vec!["RS256".into()]
+}
+fn default_leeway_secs() -> u64 {
+    30
+}
+fn default_jwks_refresh_secs() -> u64 {
+    300
+}
+impl From<String> for AddressFile {
+    fn from(address: String) -> Self {
+        AddressFile {
+            address,
+            weight: default_weight(),
+            tls: false,
+            sni: None,
+        }
+    }
+}
+
+/// One entry written as a string or as a map: `"ip:port"` or
+/// `{address: "ip:port", ...}`. Unlike `#[serde(untagged)]`, an error inside
+/// the map (a typo, a missing field) is reported as itself, with its path.
+#[derive(Debug)]
+pub struct Entry<M>(pub M);
+
+/// One entry or a list of entries (see `Entry`).
+#[derive(Debug)]
+pub struct Entries<M>(pub Vec<M>);
+
+struct EntryVisitor<M>(PhantomData<M>);
+
+impl<'de, M: Deserialize<'de> + From<String>> Visitor<'de> for EntryVisitor<M> {
+    type Value = M;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an address \"ip:port\" or a map with `address`")
+    }
+
+    fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<M, E> {
+        Ok(M::from(s.to_string()))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<M, A::Error> {
+        M::deserialize(MapAccessDeserializer::new(map))
+    }
+}
+
+impl<'de, M: Deserialize<'de> + From<String>> Deserialize<'de> for Entry<M> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(EntryVisitor(PhantomData)).map(Entry)
+    }
+}
+
+struct EntriesVisitor<M>(PhantomData<M>);
+
+impl<'de, M: Deserialize<'de> + From<String>> Visitor<'de> for EntriesVisitor<M> {
+    type Value = Vec<M>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an address \"ip:port\", a map with `address`, or a list of them")
+    }
+
+    fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Vec<M>, E> {
+        EntryVisitor(PhantomData).visit_str(s).map(|m| vec![m])
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Vec<M>, A::Error> {
+        EntryVisitor(PhantomData).visit_map(map).map(|m| vec![m])
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<M>, A::Error> {
+        let mut out = Vec::new();
+        while let Some(Entry(m)) = seq.next_element::<Entry<M>>()? {
+            out.push(m);
+        }
+        Ok(out)
+    }
+}
+
+impl<'de, M: Deserialize<'de> + From<String>> Deserialize<'de> for Entries<M> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(EntriesVisitor(PhantomData)).map(Entries)
+    }
+}
+
+fn default_refresh_secs() -> f64 {
+    10.0
+}
+fn default_listen() -> Entries<ListenerFile> {
+    Entries(vec![ListenerFile::from("0.0.0.0:8080".to_string())])
 }
 fn default_metrics_listen() -> String {
     "127.0.0.1:9091".into()

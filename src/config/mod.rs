@@ -11,40 +11,87 @@ mod file;
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
 
 use crate::admission::Limits;
-use crate::auth::ApiKeys;
+use crate::auth::fetch::JwksUrl;
+use crate::auth::jwks::KeySet;
+use crate::auth::{jwt, ApiKeys};
 use crate::routing::prefix::Head;
 use crate::routing::{Keyless, Policy};
+use crate::tls::material;
+use crate::tls::{BackendTls, ListenerTls};
 pub use file::Overflow;
 use file::{
-    AddressFile, AuthFile, GatewayFile, HealthCheckFile, KeylessFile, ModelFile, OneOrMany,
-    RoutingFile,
+    AddressFile, AuthFile, DiscoveryFile, GatewayFile, HealthCheckFile, JwtFile, KeylessFile,
+    ListenerFile, ListenerTlsFile, ModelFile, OneOrMany, RoutingFile, UpstreamTlsFile,
 };
 
 /// The validated gateway configuration.
 #[derive(Debug, Clone)]
 pub struct GatewayConfig {
-    pub listen: Vec<SocketAddr>,
+    pub listen: Vec<ListenerConfig>,
     pub metrics_listen: SocketAddr,
     pub failure_exclusion: Duration,
     pub max_request_body_bytes: usize,
     pub connect_timeout: Duration,
     pub read_timeout: Duration,
     pub health_check: Option<HealthCheckConfig>,
-    /// Keys clients must present; none: no authentication.
+    /// Keys clients may present; with `jwt` none: no authentication.
     pub api_keys: Option<ApiKeys>,
+    /// JWT bearer tokens clients may present.
+    pub jwt: Option<JwtConfig>,
     pub upstream_api_key: Option<String>,
+    /// The CA file backends with TLS are verified against; none: the
+    /// system's trust store.
+    pub upstream_ca_file: Option<String>,
     pub stream_usage: bool,
     pub queue_timeout: Duration,
     pub overflow: Overflow,
     /// `scheduler.load_feedback`: ask backends for their load reports.
     pub load_feedback: bool,
     pub warmup: WarmupConfig,
+    pub discovery: DiscoveryConfig,
     pub models: Vec<ModelConfig>,
+}
+
+/// A client listener: plain HTTP, or HTTPS with its certificate.
+#[derive(Debug, Clone)]
+pub struct ListenerConfig {
+    pub addr: SocketAddr,
+    pub tls: Option<ListenerTls>,
+}
+
+#[derive(Debug, Clone)]
+pub struct JwtConfig {
+    pub policy: jwt::Policy,
+    pub jwks: JwksSource,
+}
+
+/// Where the JWT keys come from.
+#[derive(Debug, Clone)]
+pub enum JwksSource {
+    /// Read from `jwks_file` at start.
+    File(KeySet),
+    /// Fetched from `jwks_url` (at start by `main`, then in the background).
+    Url {
+        url: JwksUrl,
+        ca_file: Option<String>,
+        refresh: Duration,
+    },
+}
+
+/// How backends given by DNS name are resolved (see `discovery`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DiscoveryConfig {
+    pub refresh: Duration,
+    /// Asked instead of the system's servers; empty: /etc/resolv.conf's.
+    pub nameservers: Vec<SocketAddr>,
+    /// Start although a name does not resolve yet.
+    pub allow_unresolved: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -75,10 +122,42 @@ pub struct ModelConfig {
     pub load_feedback: Option<usize>,
 }
 
+/// One `address`/`addresses` entry.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BackendConfig {
-    pub addr: SocketAddr,
+    pub target: Target,
     pub weight: u32,
+    /// TLS to this backend; none: plain HTTP.
+    pub tls: Option<BackendTls>,
+    /// Where it is configured, for messages: `gateway.models[0].addresses[1]`.
+    pub field: String,
+}
+
+/// Where an entry's backends are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// A literal `IP:port`: one backend, never resolved.
+    Addr(SocketAddr),
+    /// `name:port`: a backend per address the name resolves to.
+    Name { host: String, port: u16 },
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Addr(a) => a.fmt(f),
+            Target::Name { host, port } => write!(f, "{host}:{port}"),
+        }
+    }
+}
+
+impl ModelConfig {
+    /// Whether any entry is a DNS name.
+    pub fn uses_names(&self) -> bool {
+        self.backends
+            .iter()
+            .any(|b| matches!(b.target, Target::Name { .. }))
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -140,6 +219,11 @@ const HEALTH_INTERVAL_MS: Bound = Bound::new(100, 600_000);
 const HEALTH_TIMEOUT_MS: Bound = Bound::new(1, 60_000);
 const HEALTH_CONSECUTIVE_OK: Bound = Bound::new(1, 100);
 const KEYLESS_PREFIX_BYTES: Bound = Bound::new(1, 1 << 20);
+const LEEWAY_SECS: Bound = Bound::new(0, 600);
+const JWKS_REFRESH_SECS: Bound = Bound::new(1, 86_400);
+/// `discovery.refresh_secs`: at least 0.1 (tests change DNS quickly), at
+/// most an hour.
+const REFRESH_SECS: (f64, f64) = (0.1, 3600.0);
 /// `balance_factor`: above 1 (1 would forbid any imbalance), at most 10.
 const BALANCE_FACTOR: (f64, f64) = (1.0, 10.0);
 
@@ -229,9 +313,63 @@ fn socket_addr(path: &str, value: &str) -> Result<SocketAddr, ConfigError> {
         .map_err(|_| invalid(path, value, "not host:port (an IP address and a port)"))
 }
 
+/// `IP:port`, or `name:port` with a DNS name (letters, digits, `-` and
+/// `_` in dot-separated labels of at most 63, 253 in all, at least one
+/// letter: `300.1.1.1:80` is a mistyped address, not a name).
+fn target(path: &str, value: &str) -> Result<Target, ConfigError> {
+    if let Ok(addr) = value.parse() {
+        return Ok(Target::Addr(addr));
+    }
+    let rule = "not host:port (an IP address or a DNS name, and a port)";
+    let (host, port) = value
+        .rsplit_once(':')
+        .ok_or_else(|| invalid(path, value, rule))?;
+    let port: u16 = port.parse().map_err(|_| invalid(path, value, rule))?;
+    let labels = host.strip_suffix('.').unwrap_or(host);
+    let label_ok = |l: &str| {
+        (1..=63).contains(&l.len())
+            && l.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    };
+    let named = labels.len() <= 253
+        && labels.split('.').all(label_ok)
+        && labels.bytes().any(|b| b.is_ascii_alphabetic());
+    if !named || port == 0 {
+        return Err(invalid(path, value, rule));
+    }
+    Ok(Target::Name {
+        host: host.to_string(),
+        port,
+    })
+}
+
+fn validate_discovery(d: DiscoveryFile) -> Result<DiscoveryConfig, ConfigError> {
+    let at = "gateway.discovery";
+    let nameservers = d
+        .nameservers
+        .iter()
+        .enumerate()
+        .map(|(i, s)| socket_addr(&format!("{at}.nameservers[{i}]"), s))
+        .collect::<Result<_, _>>()?;
+    let (lo, hi) = REFRESH_SECS;
+    if !(lo..=hi).contains(&d.refresh_secs) {
+        return Err(invalid(
+            format!("{at}.refresh_secs"),
+            d.refresh_secs,
+            &format!("must be between {lo} and {hi}"),
+        ));
+    }
+    Ok(DiscoveryConfig {
+        refresh: Duration::from_secs_f64(d.refresh_secs),
+        nameservers,
+        allow_unresolved: d.allow_unresolved,
+    })
+}
+
 fn validate(file: GatewayFile) -> Result<GatewayConfig, ConfigError> {
-    let (listen, metrics_listen) = validate_listeners(file.listen, &file.metrics_listen)?;
-    let (api_keys, upstream_api_key) = validate_auth(file.auth)?;
+    let (listen, metrics_listen) = validate_listeners(file.listen.0, &file.metrics_listen)?;
+    let (api_keys, jwt, upstream_api_key) = validate_auth(file.auth)?;
+    let upstream_ca_file = validate_upstream_tls(file.upstream_tls)?;
     let sched = &file.scheduler;
     let default_limits = Limits {
         max_num_seqs: NUM_SEQS.check("gateway.scheduler.max_num_seqs", sched.max_num_seqs)?
@@ -259,7 +397,9 @@ fn validate(file: GatewayFile) -> Result<GatewayConfig, ConfigError> {
         read_timeout: ms(READ_TIMEOUT_MS.check("gateway.read_timeout_ms", file.read_timeout_ms)?),
         health_check: file.health_check.map(validate_health_check).transpose()?,
         api_keys,
+        jwt,
         upstream_api_key,
+        upstream_ca_file,
         stream_usage: file.stream_usage,
         queue_timeout: ms(
             QUEUE_TIMEOUT_MS.check("gateway.scheduler.queue_timeout_ms", sched.queue_timeout_ms)?
@@ -270,6 +410,7 @@ fn validate(file: GatewayFile) -> Result<GatewayConfig, ConfigError> {
             delay: ms(WARMUP_DELAY_MS.check("gateway.warmup.delay_ms", file.warmup.delay_ms)?),
             vllm_priority: file.warmup.vllm_priority,
         },
+        discovery: validate_discovery(file.discovery)?,
         models: validate_models(
             file.models,
             default_limits,
@@ -289,30 +430,31 @@ fn secs(n: u64) -> Duration {
 }
 
 fn validate_listeners(
-    listen: OneOrMany,
+    entries: Vec<ListenerFile>,
     metrics: &str,
-) -> Result<(Vec<SocketAddr>, SocketAddr), ConfigError> {
-    let listen_strings = match listen {
-        OneOrMany::One(s) => vec![s],
-        OneOrMany::Many(v) => v,
-    };
-    if listen_strings.is_empty() {
+) -> Result<(Vec<ListenerConfig>, SocketAddr), ConfigError> {
+    if entries.is_empty() {
         return Err(invalid(
             "gateway.listen",
             "[]",
             "needs at least one address",
         ));
     }
-    let mut listen = Vec::new();
-    for (i, s) in listen_strings.iter().enumerate() {
-        let addr = socket_addr(&format!("gateway.listen[{i}]"), s)?;
-        if listen.contains(&addr) {
-            return Err(invalid(format!("gateway.listen[{i}]"), s, "listed twice"));
+    let mut listen: Vec<ListenerConfig> = Vec::new();
+    for (i, entry) in entries.into_iter().enumerate() {
+        let at = format!("gateway.listen[{i}]");
+        let addr = socket_addr(&at, &entry.address)?;
+        if listen.iter().any(|l| l.addr == addr) {
+            return Err(invalid(at, &entry.address, "listed twice"));
         }
-        listen.push(addr);
+        let tls = entry
+            .tls
+            .map(|t| validate_listener_tls(&format!("{at}.tls"), t))
+            .transpose()?;
+        listen.push(ListenerConfig { addr, tls });
     }
     let metrics_listen = socket_addr("gateway.metrics_listen", metrics)?;
-    if listen.contains(&metrics_listen) {
+    if listen.iter().any(|l| l.addr == metrics_listen) {
         return Err(invalid(
             "gateway.metrics_listen",
             metrics,
@@ -322,7 +464,60 @@ fn validate_listeners(
     Ok((listen, metrics_listen))
 }
 
-fn validate_auth(auth: AuthFile) -> Result<(Option<ApiKeys>, Option<String>), ConfigError> {
+/// The certificate and key must exist, parse, and belong together.
+fn validate_listener_tls(at: &str, t: ListenerTlsFile) -> Result<ListenerTls, ConfigError> {
+    let (cert_at, key_at) = (format!("{at}.cert_file"), format!("{at}.key_file"));
+    let cert_error = |e: material::TlsError| invalid(&cert_at, &t.cert_file, &e.to_string());
+    let key_error = |e: material::TlsError| invalid(&key_at, &t.key_file, &e.to_string());
+    let chain = material::read_certificates(Path::new(&t.cert_file)).map_err(cert_error)?;
+    let key = material::read_key(Path::new(&t.key_file)).map_err(key_error)?;
+    let certified = material::certified_key(chain, key).map_err(key_error)?;
+    Ok(ListenerTls {
+        cert_file: t.cert_file,
+        key_file: t.key_file,
+        certified: Arc::new(certified),
+    })
+}
+
+fn validate_upstream_tls(u: UpstreamTlsFile) -> Result<Option<String>, ConfigError> {
+    if let Some(path) = &u.ca_file {
+        material::check_ca_file(Path::new(path))
+            .map_err(|e| invalid("gateway.upstream_tls.ca_file", path, &e.to_string()))?;
+    }
+    Ok(u.ca_file)
+}
+
+/// TLS to the backends of `target`, if asked for. Without `sni`, a name's
+/// backends are verified against the name, an address's against its IP.
+/// The SNI must be a name rustls can verify: an empty one would make
+/// Pingora skip verification.
+fn validate_backend_tls(
+    at: &str,
+    entry: &AddressFile,
+    target: &Target,
+) -> Result<Option<BackendTls>, ConfigError> {
+    let sni = match (entry.tls, &entry.sni, target) {
+        (false, None, _) => return Ok(None),
+        (false, Some(sni), _) => {
+            return Err(invalid(format!("{at}.sni"), sni, "needs `tls: true`"));
+        }
+        (true, Some(sni), _) => sni.clone(),
+        (true, None, Target::Addr(addr)) => addr.ip().to_string(),
+        (true, None, Target::Name { host, .. }) => host.trim_end_matches('.').to_string(),
+    };
+    if rustls::pki_types::ServerName::try_from(sni.as_str()).is_err() {
+        return Err(invalid(
+            format!("{at}.sni"),
+            &sni,
+            "not a DNS name or an IP address",
+        ));
+    }
+    Ok(Some(BackendTls { sni }))
+}
+
+type Auth = (Option<ApiKeys>, Option<JwtConfig>, Option<String>);
+
+fn validate_auth(auth: AuthFile) -> Result<Auth, ConfigError> {
     let at = "gateway.auth.api_keys_file";
     let api_keys = match &auth.api_keys_file {
         None => None,
@@ -342,7 +537,111 @@ fn validate_auth(auth: AuthFile) -> Result<(Option<ApiKeys>, Option<String>), Co
             ));
         }
     }
-    Ok((api_keys, auth.upstream_api_key))
+    let jwt = auth.jwt.map(validate_jwt).transpose()?;
+    Ok((api_keys, jwt, auth.upstream_api_key))
+}
+
+fn validate_jwt(j: JwtFile) -> Result<JwtConfig, ConfigError> {
+    let at = "gateway.auth.jwt";
+    if j.issuer.is_empty() {
+        return Err(invalid(
+            format!("{at}.issuer"),
+            &j.issuer,
+            "must not be empty",
+        ));
+    }
+    let audience = match j.audience {
+        OneOrMany::One(a) => vec![a],
+        OneOrMany::Many(list) => list,
+    };
+    if audience.is_empty() || audience.iter().any(String::is_empty) {
+        return Err(invalid(
+            format!("{at}.audience"),
+            &audience,
+            "needs at least one non-empty audience",
+        ));
+    }
+    if j.algorithms.is_empty() {
+        return Err(invalid(
+            format!("{at}.algorithms"),
+            "[]",
+            "needs at least one algorithm",
+        ));
+    }
+    let mut algorithms = Vec::new();
+    for (i, name) in j.algorithms.iter().enumerate() {
+        let alg = jwt::algorithm(name).ok_or_else(|| {
+            invalid(
+                format!("{at}.algorithms[{i}]"),
+                name,
+                "not one of RS256 RS384 RS512 PS256 PS384 PS512 ES256 ES384 EdDSA \
+                 (HMAC and none are refused: a shared secret is not a public key)",
+            )
+        })?;
+        algorithms.push(alg);
+    }
+    let jwks = match (j.jwks_file, j.jwks_url) {
+        (Some(_), None) if j.ca_file.is_some() => {
+            return Err(invalid(
+                format!("{at}.ca_file"),
+                &j.ca_file,
+                "applies only to `jwks_url`",
+            ))
+        }
+        (Some(path), None) => {
+            let at = format!("{at}.jwks_file");
+            let text = std::fs::read_to_string(&path)
+                .map_err(|e| invalid(&at, &path, &format!("cannot read: {e}")))?;
+            JwksSource::File(KeySet::parse(&text).map_err(|e| invalid(&at, &path, &e.to_string()))?)
+        }
+        (None, Some(url)) => {
+            let ca_file = j
+                .ca_file
+                .map(|path| validate_ca_file(&format!("{at}.ca_file"), path))
+                .transpose()?;
+            JwksSource::Url {
+                url: JwksUrl::parse(&url)
+                    .map_err(|e| invalid(format!("{at}.jwks_url"), &url, &e))?,
+                ca_file,
+                refresh: secs(
+                    JWKS_REFRESH_SECS
+                        .check(&format!("{at}.jwks_refresh_secs"), j.jwks_refresh_secs)?,
+                ),
+            }
+        }
+        (Some(_), Some(url)) => {
+            return Err(invalid(
+                format!("{at}.jwks_url"),
+                &url,
+                "set either `jwks_file` or `jwks_url`, not both",
+            ))
+        }
+        (None, None) => return Err(invalid(at, "(no keys)", "needs `jwks_file` or `jwks_url`")),
+    };
+    Ok(JwtConfig {
+        policy: jwt::Policy {
+            issuer: j.issuer,
+            audience,
+            algorithms,
+            leeway_secs: LEEWAY_SECS.check(&format!("{at}.leeway_secs"), j.leeway_secs)?,
+        },
+        jwks,
+    })
+}
+
+/// A PEM file with at least one CA certificate, loaded as Pingora's
+/// connector will load it (which panics on a bad file).
+fn validate_ca_file(at: &str, path: String) -> Result<String, ConfigError> {
+    let mut store = pingora::tls::RootCertStore::empty();
+    match pingora::tls::load_ca_file_into_store(&path, &mut store) {
+        Err(e) => Err(invalid(
+            at,
+            &path,
+            &format!("not a PEM file of CA certificates: {e}"),
+        )),
+        Ok(()) if store.is_empty() => Err(invalid(at, &path, "holds no certificate")),
+        Ok(()) => Ok(path),
+    }
 }
 
 fn validate_routing(at: &str, r: &RoutingFile) -> Result<Policy, ConfigError> {
@@ -437,7 +736,7 @@ fn validate_model(
             "must be a non-empty name without control characters",
         ));
     }
-    let entries: Vec<(String, u64)> = match (m.address, m.addresses) {
+    let entries: Vec<AddressFile> = match (m.address, m.addresses) {
         (Some(_), Some(_)) => {
             return Err(invalid(
                 path,
@@ -446,14 +745,8 @@ fn validate_model(
             ))
         }
         (None, None) => return Err(invalid(path, &m.name, "needs `address` or `addresses`")),
-        (Some(a), None) => vec![(a, 1)],
-        (None, Some(list)) => list
-            .into_iter()
-            .map(|a| match a {
-                AddressFile::Plain(s) => (s, 1),
-                AddressFile::Weighted(w) => (w.address, w.weight),
-            })
-            .collect(),
+        (Some(a), None) => vec![AddressFile::from(a)],
+        (None, Some(list)) => list.into_iter().map(|e| e.0).collect(),
     };
     let list_path = format!("{path}.addresses");
     if entries.is_empty() {
@@ -467,14 +760,24 @@ fn validate_model(
         ));
     }
     let mut backends: Vec<BackendConfig> = Vec::new();
-    for (i, (address, weight)) in entries.iter().enumerate() {
+    for (i, entry) in entries.iter().enumerate() {
         let at = format!("{list_path}[{i}]");
-        let addr = socket_addr(&at, address)?;
-        if backends.iter().any(|b| b.addr == addr) {
-            return Err(invalid(at, address, "duplicate address in this model"));
+        let target = target(&at, &entry.address)?;
+        if backends.iter().any(|b| b.target == target) {
+            return Err(invalid(
+                at,
+                &entry.address,
+                "duplicate address in this model",
+            ));
         }
-        let weight = WEIGHT.check(&format!("{at}.weight"), *weight)? as u32;
-        backends.push(BackendConfig { addr, weight });
+        let weight = WEIGHT.check(&format!("{at}.weight"), entry.weight)? as u32;
+        let tls = validate_backend_tls(&at, entry, &target)?;
+        backends.push(BackendConfig {
+            target,
+            weight,
+            tls,
+            field: at,
+        });
     }
     let configured = Limits {
         max_num_seqs: match m.max_num_seqs {
@@ -504,3 +807,5 @@ fn validate_model(
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tls_tests;

@@ -1,6 +1,6 @@
 use super::*;
 
-fn err(yaml: &str) -> String {
+pub(super) fn err(yaml: &str) -> String {
     GatewayConfig::from_yaml(yaml).unwrap_err().to_string()
 }
 
@@ -18,7 +18,10 @@ gateway:
 "#,
     )
     .unwrap();
-    assert_eq!(c.listen, vec!["0.0.0.0:8080".parse().unwrap()]);
+    let listen: Vec<SocketAddr> = c.listen.iter().map(|l| l.addr).collect();
+    assert_eq!(listen, vec!["0.0.0.0:8080".parse().unwrap()]);
+    assert!(c.listen[0].tls.is_none());
+    assert_eq!(c.upstream_ca_file, None);
     assert_eq!(c.metrics_listen, "127.0.0.1:9091".parse().unwrap());
     assert_eq!(c.failure_exclusion, Duration::from_secs(30));
     assert_eq!(c.max_request_body_bytes, 32 << 20);
@@ -28,14 +31,110 @@ gateway:
         c.models[1].backends,
         vec![
             BackendConfig {
-                addr: "127.0.0.1:8001".parse().unwrap(),
-                weight: 1
+                target: Target::Addr("127.0.0.1:8001".parse().unwrap()),
+                weight: 1,
+                tls: None,
+                field: "gateway.models[1].addresses[0]".into(),
             },
             BackendConfig {
-                addr: "127.0.0.1:8002".parse().unwrap(),
-                weight: 3
+                target: Target::Addr("127.0.0.1:8002".parse().unwrap()),
+                weight: 3,
+                tls: None,
+                field: "gateway.models[1].addresses[1]".into(),
             },
         ]
+    );
+    assert_eq!(
+        c.discovery,
+        DiscoveryConfig {
+            refresh: Duration::from_secs(10),
+            nameservers: vec![],
+            allow_unresolved: false,
+        }
+    );
+}
+
+#[test]
+fn an_address_may_be_a_dns_name_and_port() {
+    let c = GatewayConfig::from_yaml(
+        r#"
+gateway:
+  discovery: {refresh_secs: 0.5, nameservers: ["127.0.0.1:5353", "[::1]:53"], allow_unresolved: true}
+  models:
+    - name: a
+      addresses: ["localhost:8000", {address: "vllm-0.vllm.default.svc.cluster.local.:8000", weight: 2}, "[::1]:8000", "gpu_1:9"]
+"#,
+    )
+    .unwrap();
+    let targets: Vec<(String, u32)> = c.models[0]
+        .backends
+        .iter()
+        .map(|b| (format!("{:?}", b.target), b.weight))
+        .collect();
+    assert_eq!(
+        targets,
+        [
+            (r#"Name { host: "localhost", port: 8000 }"#.into(), 1),
+            (
+                r#"Name { host: "vllm-0.vllm.default.svc.cluster.local.", port: 8000 }"#.into(),
+                2
+            ),
+            ("Addr([::1]:8000)".into(), 1),
+            (r#"Name { host: "gpu_1", port: 9 }"#.into(), 1),
+        ]
+    );
+    assert!(c.models[0].uses_names());
+    assert_eq!(c.discovery.refresh, Duration::from_millis(500));
+    assert_eq!(c.discovery.nameservers.len(), 2);
+    assert!(c.discovery.allow_unresolved);
+    let literal = GatewayConfig::from_yaml(MINIMAL).unwrap();
+    assert!(!literal.models[0].uses_names());
+}
+
+#[test]
+fn what_is_not_a_name_and_port_is_refused_naming_the_field() {
+    let long = format!("{}:80", vec!["a".repeat(63); 5].join("."));
+    for bad in [
+        "localhost",
+        "localhost:",
+        "localhost:0",
+        "localhost:65536",
+        ":80",
+        "300.1.1.1:80",
+        "a..b:80",
+        "-:80",
+        "bad host:80",
+        "::1:80",
+        &long,
+        &format!("{}:80", "a".repeat(64)),
+    ] {
+        let yaml =
+            format!("gateway:\n  models: [{{name: m, addresses: [\"127.0.0.1:1\", \"{bad}\"]}}]\n");
+        let got = err(&yaml);
+        let want = format!(
+            "gateway.models[0].addresses[1] = {bad:?}: not host:port (an IP address or a DNS name, and a port)"
+        );
+        assert_eq!(got, want, "{bad}");
+    }
+    for (yaml, want) in [
+        (
+            "  discovery: {refresh_secs: 0}\n",
+            "gateway.discovery.refresh_secs = 0.0: must be between 0.1 and 3600",
+        ),
+        (
+            "  discovery: {nameservers: [\"dns.local:53\"]}\n",
+            "gateway.discovery.nameservers[0] = \"dns.local:53\": not host:port",
+        ),
+        ("  discovery: {ttl: 3}\n", "unknown field `ttl`"),
+    ] {
+        let got = err(&format!(
+            "gateway:\n{yaml}  models: [{{name: m, address: \"h:1\"}}]\n"
+        ));
+        assert!(got.contains(want), "got: {got}\nwant: {want}");
+    }
+    assert!(
+        err("gateway:\n  models: [{name: m, addresses: [\"h:1\", \"h:1\"]}]\n")
+            .contains("duplicate address")
     );
 }
 
@@ -284,7 +383,7 @@ fn health_check_auth_and_read_timeout() {
         keys.display()
     ))
     .unwrap();
-    assert!(c.api_keys.unwrap().allows(Some(b"Bearer k1")));
+    assert!(c.api_keys.unwrap().contains(b"k1"));
     std::fs::write(&keys, "# none\n").unwrap();
     for (extra, want) in [
         (
@@ -377,4 +476,100 @@ gateway:
         got.contains("gateway.models[0].balance_factor = 0.5"),
         "{got}"
     );
+}
+
+#[test]
+fn jwt_settings_are_checked() {
+    let dir = std::env::temp_dir().join(format!("poimen-jwt-config-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let jwks = dir.join("jwks.json");
+    let key = crate::auth::test_keys::TestKey::ec("ec-1");
+    std::fs::write(&jwks, crate::auth::test_keys::jwks(&[&key])).unwrap();
+    let jwt =
+        |keys: &str| format!("{MINIMAL}  auth:\n    jwt: {{issuer: \"https://i/\", {keys}}}\n");
+
+    let c = GatewayConfig::from_yaml(&jwt(&format!(
+        "audience: a, jwks_file: \"{}\"",
+        jwks.display()
+    )))
+    .unwrap();
+    let j = c.jwt.unwrap();
+    assert_eq!(j.policy.audience, ["a"]);
+    assert_eq!(j.policy.algorithms, [jsonwebtoken::Algorithm::RS256]);
+    assert_eq!(j.policy.leeway_secs, 30);
+    assert!(matches!(j.jwks, JwksSource::File(k) if k.count() == 1));
+    let c = GatewayConfig::from_yaml(&jwt(
+        "audience: [a, b], jwks_url: \"https://idp.test/application/o/p/jwks/\", algorithms: [ES256, EdDSA], leeway_secs: 0",
+    ))
+    .unwrap();
+    let j = c.jwt.unwrap();
+    assert_eq!(j.policy.audience, ["a", "b"]);
+    assert!(
+        matches!(j.jwks, JwksSource::Url { refresh, ca_file: None, .. } if refresh == Duration::from_secs(300))
+    );
+
+    let url = "jwks_url: \"https://idp.test/jwks/\"";
+    for (keys, want) in [
+        (url.to_string(), "missing field `audience`".to_string()),
+        (
+            format!("audience: [], {url}"),
+            "gateway.auth.jwt.audience = []".into(),
+        ),
+        (
+            format!("audience: a, {url}, algorithms: [RS256, HS256]"),
+            "gateway.auth.jwt.algorithms[1] = \"HS256\"".into(),
+        ),
+        (
+            format!("audience: a, {url}, algorithms: []"),
+            "gateway.auth.jwt.algorithms".into(),
+        ),
+        (
+            format!("audience: a, {url}, leeway_secs: 3600"),
+            "gateway.auth.jwt.leeway_secs = 3600".into(),
+        ),
+        (
+            format!("audience: a, {url}, jwks_refresh_secs: 0"),
+            "gateway.auth.jwt.jwks_refresh_secs = 0".into(),
+        ),
+        (
+            format!("audience: a, {url}, ca_file: /nonexistent.pem"),
+            "gateway.auth.jwt.ca_file = \"/nonexistent.pem\"".into(),
+        ),
+        (
+            format!("audience: a, {url}, jwks_file: x"),
+            "not both".into(),
+        ),
+        (
+            "audience: a".into(),
+            "needs `jwks_file` or `jwks_url`".into(),
+        ),
+        (
+            "audience: a, jwks_url: \"http://idp.test/jwks/\"".into(),
+            "plain http:// is allowed only to a loopback host".into(),
+        ),
+        (
+            "audience: a, jwks_file: /nonexistent.json".into(),
+            "gateway.auth.jwt.jwks_file = \"/nonexistent.json\": cannot read".into(),
+        ),
+        (
+            format!(
+                "audience: a, jwks_file: \"{}\", ca_file: x.pem",
+                jwks.display()
+            ),
+            "gateway.auth.jwt.ca_file".into(),
+        ),
+        (
+            format!("audience: a, {url}, tenant: x"),
+            "unknown field `tenant`".into(),
+        ),
+    ] {
+        let e = err(&jwt(&keys));
+        assert!(e.contains(&want), "{keys}: {e}");
+    }
+    std::fs::write(&jwks, r#"{"keys": [{"kty": "oct", "k": "c2VjcmV0"}]}"#).unwrap();
+    let e = err(&jwt(&format!(
+        "audience: a, jwks_file: \"{}\"",
+        jwks.display()
+    )));
+    assert!(e.contains("no usable signing key"), "{e}");
 }

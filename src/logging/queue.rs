@@ -10,7 +10,7 @@
 //! drops in one `log_lines_dropped` line once it has caught up.
 
 use std::io::{BufWriter, Write};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError, TrySendError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -40,11 +40,17 @@ pub const BOUNDS: Bounds = Bounds {
 /// The target of the writer's own `log_lines_dropped` line.
 pub const REPORT_TARGET: &str = "poimen_gateway::logging";
 
-/// How long the writer naps when it has caught up. It polls rather than
-/// parks on the channel: a parked receiver costs every logging worker a
-/// wake-up syscall per line (measured: about 20 us of CPU per request at
-/// one line per request); a nap costs a line at most this much delay.
+/// How long the writer naps when it has caught up. While lines keep coming
+/// it polls rather than parks on the channel: a parked receiver costs every
+/// logging worker a wake-up syscall per line (measured: about 20 us of CPU
+/// per request at one line per request); a nap costs a line at most this
+/// much delay.
 const IDLE_POLL: Duration = Duration::from_millis(5);
+
+/// Naps in a row with nothing to write before the writer parks until the
+/// next line (100 ms): a quiet gateway (`RUST_LOG=warn`, or idle) then
+/// costs no wake-ups at all, and only the first line after a lull pays one.
+const NAPS_BEFORE_PARK: u32 = 20;
 
 /// Lines written out in one write(2) when they come faster than stderr
 /// takes them.
@@ -62,12 +68,15 @@ struct Shared {
     bytes: AtomicUsize,
     /// Lines dropped since the writer last reported.
     unreported: AtomicU64,
+    /// The writer is parked (or about to): the next push unparks it.
+    parked: AtomicBool,
 }
 
 /// The logging side of the queue: `push` never blocks.
 pub struct Queue {
     tx: SyncSender<Msg>,
     shared: Arc<Shared>,
+    writer: std::thread::Thread,
     max_bytes: usize,
     dropped: IntCounter,
 }
@@ -85,6 +94,7 @@ impl Queue {
         let shared = Arc::new(Shared {
             bytes: AtomicUsize::new(0),
             unreported: AtomicU64::new(0),
+            parked: AtomicBool::new(false),
         });
         let writer = Writer {
             rx,
@@ -93,12 +103,13 @@ impl Queue {
             report,
             report_every: bounds.lines,
         };
-        std::thread::Builder::new()
+        let handle = std::thread::Builder::new()
             .name("log-writer".into())
             .spawn(move || writer.run())?;
         Ok(Queue {
             tx,
             shared,
+            writer: handle.thread().clone(),
             max_bytes: bounds.bytes,
             dropped,
         })
@@ -110,6 +121,7 @@ impl Queue {
         let len = line.len();
         let held = self.shared.bytes.fetch_add(len, Ordering::Relaxed);
         if held + len <= self.max_bytes && self.tx.try_send(Msg::Line(line)).is_ok() {
+            self.wake_writer();
             return;
         }
         // Full (or, should the writer have died, gone): lost, and said so.
@@ -135,7 +147,21 @@ impl Queue {
                 Err(_) => return,
             }
         }
+        self.wake_writer();
         let _ = acked.recv_timeout(deadline.saturating_duration_since(Instant::now()));
+    }
+
+    /// Unpark the writer if it parked: one atomic load while it polls.
+    fn wake_writer(&self) {
+        // Pairs with the writer's fence between announcing `parked` and
+        // looking at the channel once more: either it sees this message or
+        // this sees `parked`.
+        fence(Ordering::SeqCst);
+        if self.shared.parked.load(Ordering::Relaxed)
+            && self.shared.parked.swap(false, Ordering::AcqRel)
+        {
+            self.writer.unpark();
+        }
     }
 }
 
@@ -152,7 +178,7 @@ struct Writer<W: Write> {
 
 impl<W: Write> Writer<W> {
     fn run(mut self) {
-        let mut since_report = 0;
+        let (mut since_report, mut naps) = (0, 0);
         loop {
             let msg = match self.rx.try_recv() {
                 Ok(msg) => msg,
@@ -162,8 +188,15 @@ impl<W: Write> Writer<W> {
                     self.report_drops();
                     since_report = 0;
                     let _ = self.out.flush();
-                    std::thread::sleep(IDLE_POLL);
-                    continue;
+                    if naps < NAPS_BEFORE_PARK {
+                        naps += 1;
+                        std::thread::sleep(IDLE_POLL);
+                        continue;
+                    }
+                    match self.park() {
+                        Some(msg) => msg,
+                        None => continue,
+                    }
                 }
                 Err(TryRecvError::Disconnected) => {
                     self.report_drops();
@@ -171,6 +204,7 @@ impl<W: Write> Writer<W> {
                     return;
                 }
             };
+            naps = 0;
             match msg {
                 Msg::Line(line) => {
                     self.shared.bytes.fetch_sub(line.len(), Ordering::Relaxed);
@@ -190,6 +224,22 @@ impl<W: Write> Writer<W> {
                 }
             }
         }
+    }
+
+    /// Sleep until a push unparks this thread, or return what was sent
+    /// meanwhile. `parked` is announced before the last look at the
+    /// channel, so a message sent at the same time is either taken here or
+    /// unparks the thread (an unpark before `park` is not lost: `park`
+    /// then returns at once).
+    fn park(&self) -> Option<Msg> {
+        self.shared.parked.store(true, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        let msg = self.rx.try_recv().ok();
+        if msg.is_none() {
+            std::thread::park();
+        }
+        self.shared.parked.store(false, Ordering::Relaxed);
+        msg
     }
 
     /// One WARN line with the lines dropped since the last one, if any.
@@ -270,6 +320,7 @@ mod tests {
                 .unwrap();
             state.writing = false;
             state.written.extend_from_slice(buf);
+            changed.notify_all();
             Ok(buf.len())
         }
 
@@ -386,6 +437,20 @@ mod tests {
         queue.flush(Duration::from_secs(10));
         assert_eq!(dropped.get(), 1);
         assert!(reports(&gate.lines()).is_empty());
+    }
+
+    #[test]
+    fn a_line_after_a_lull_wakes_the_parked_writer() {
+        let (gate, dropped) = (Gate::default(), counter());
+        gate.set_open(true);
+        let queue = Queue::start(FOUR_LINES, gate.clone(), dropped, true).unwrap();
+        for n in 0..3 {
+            // Past the naps: the writer has parked when the line comes.
+            std::thread::sleep(IDLE_POLL * (NAPS_BEFORE_PARK + 10));
+            queue.push(line(n));
+            gate.wait_until(|s| s.written.iter().filter(|&&b| b == b'\n').count() > n);
+        }
+        assert_eq!(numbers(&gate.lines()), [0, 1, 2]);
     }
 
     #[test]

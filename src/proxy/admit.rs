@@ -14,7 +14,7 @@ use crate::admission::{AdmitError, Class};
 use crate::config::Overflow;
 use crate::errors::ApiError;
 use crate::metrics;
-use crate::pool::ModelPool;
+use crate::pool::Members;
 
 impl Gateway {
     /// CAG-2 AC1/AC6: a warmup sleeps before it competes for a slot, holding
@@ -40,7 +40,10 @@ impl Gateway {
         let Some(pool) = ctx.pool.clone() else {
             return Err(ApiError::BadRequest("no model".into()).into());
         };
-        let candidates = pool
+        // The set as it is now: a retry after a change sees the new one.
+        let members = pool.members();
+        ctx.members = Some(members.clone());
+        let candidates = members
             .candidates(ctx.routing_request(), Instant::now())
             .map_err(|retry_after| ApiError::NoBackend {
                 model: pool.name.clone(),
@@ -56,11 +59,16 @@ impl Gateway {
             Overflow::Reject => 1,
         };
         let entered = candidates.iter().take(tries).find_map(|c| {
-            let ticket = pool.admission(&c.addr)?.try_enter(class).ok()?;
+            let ticket = members.admission(&c.addr)?.try_enter(class).ok()?;
             Some((*c, ticket))
         });
         let Some((candidate, ticket)) = entered else {
-            refused(&pool, &candidates[0].addr, AdmitError::QueueFull);
+            refused(
+                &pool.name,
+                &members,
+                &candidates[0].addr,
+                AdmitError::QueueFull,
+            );
             return Err(ApiError::QueueFull {
                 model: pool.name.clone(),
             }
@@ -70,7 +78,7 @@ impl Gateway {
         let permit = until_client_leaves(session, ticket.wait(self.config.queue_timeout))
             .await?
             .map_err(|e| {
-                refused(&pool, &candidate.addr, e);
+                refused(&pool.name, &members, &candidate.addr, e);
                 ApiError::QueueTimeout {
                     model: pool.name.clone(),
                 }
@@ -87,22 +95,22 @@ impl Gateway {
 }
 
 /// Count and log an admission refusal: one event each.
-fn refused(pool: &ModelPool, addr: &SocketAddr, why: AdmitError) {
+fn refused(model: &str, members: &Members, addr: &SocketAddr, why: AdmitError) {
     let backend = addr.to_string();
     let reason = match why {
         AdmitError::QueueFull => "queue_full",
         AdmitError::QueueTimeout => "queue_timeout",
     };
     metrics::QUEUE_REJECTED
-        .with_label_values(&[&pool.name, &backend, reason])
+        .with_label_values(&[model, &backend, reason])
         .inc();
-    let Some(admission) = pool.admission(addr) else {
+    let Some(admission) = members.admission(addr) else {
         return;
     };
     let (inflight, depth) = admission.counts();
     warn!(
         event = reason,
-        model = pool.name.as_str(),
+        model = model,
         backend = backend.as_str(),
         inflight = inflight,
         depth = depth,

@@ -32,10 +32,11 @@ pub fn health<'a>(pools: impl Iterator<Item = &'a ModelPool>, now: Instant) -> (
     let mut healthy = true;
     let models: Vec<Value> = pools
         .map(|pool| {
-            let backends: Vec<Value> = pool
+            let members = pool.members();
+            let backends: Vec<Value> = members
                 .addrs()
                 .iter()
-                .map(|addr| match pool.exclusions().remaining(addr, now) {
+                .map(|addr| match members.exclusions().remaining(addr, now) {
                     Some(left) => json!({
                         "address": addr.to_string(),
                         "state": "excluded",

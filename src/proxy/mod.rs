@@ -41,12 +41,14 @@ use pingora::ErrorType;
 
 use crate::accounting::Tracker;
 use crate::admission::Permit;
+use crate::auth::{self, jwt::Verifier, Reason};
 use crate::body;
-use crate::config::GatewayConfig;
+use crate::config::{GatewayConfig, JwksSource};
+use crate::discovery::{AtStart, Discovery, Refresh};
 use crate::errors::{self, ApiError};
 use crate::load_report;
 use crate::metrics;
-use crate::pool::ModelPool;
+use crate::pool::{Members, ModelPool};
 use crate::retry::{self, Decision, Failure};
 use crate::routing::prefix::DerivedKey;
 use crate::routing::{Affinity, Candidate, Request};
@@ -56,6 +58,8 @@ use respond::{respond, respond_json, Stop};
 pub struct Gateway {
     config: Arc<GatewayConfig>,
     pools: HashMap<String, Arc<ModelPool>>,
+    /// JWT verification, when `auth.jwt` is configured.
+    jwt: Option<Verifier>,
     /// Unix time of start, the `created` of `/v1/models` entries.
     started: u64,
 }
@@ -66,6 +70,10 @@ pub struct Gateway {
 pub struct RequestCtx {
     started: Option<Instant>,
     pool: Option<Arc<ModelPool>>,
+    /// The pool's backend set this request was last routed in: it keeps
+    /// the chosen backend's state alive until the request ends, also when
+    /// discovery removes the backend meanwhile.
+    members: Option<Arc<Members>>,
     cache_key: Option<HeaderValue>,
     /// No header, `keyless: prefix`: the key derived from the body.
     derived_key: Option<DerivedKey>,
@@ -132,13 +140,25 @@ impl RequestCtx {
 }
 
 impl Gateway {
-    /// The gateway, and the health-check services to run beside it.
-    pub fn new(config: GatewayConfig) -> (Self, Vec<(String, HealthCheckService)>) {
+    /// The gateway over the backends resolved at start, and the
+    /// health-check services to run beside it. `jwt` verifies tokens when
+    /// `config.jwt` is set (its keys already loaded).
+    pub fn new(
+        config: GatewayConfig,
+        jwt: Option<Verifier>,
+        resolved: AtStart,
+    ) -> (Self, Vec<(String, HealthCheckService)>) {
         let mut services = Vec::new();
         let mut pools = HashMap::new();
-        for m in &config.models {
-            let (pool, health) =
-                ModelPool::new(m, config.failure_exclusion, config.health_check.as_ref());
+        for (m, (_, entries)) in config.models.iter().zip(resolved.models) {
+            let discovery = Discovery::new(&m.name, &config.discovery, entries);
+            let (pool, health) = ModelPool::new(
+                m,
+                discovery,
+                config.failure_exclusion,
+                config.health_check.as_ref(),
+                config.upstream_ca_file.as_deref(),
+            );
             services.extend(health.map(|h| (format!("health check {}", m.name), h)));
             pools.insert(m.name.clone(), Arc::new(pool));
         }
@@ -148,15 +168,53 @@ impl Gateway {
         metrics::register_exclusions(
             pools
                 .values()
-                .map(|p| (p.name.clone(), p.exclusions().clone()))
+                .map(|p| (p.name.clone(), p.current_exclusions()))
                 .collect(),
         );
+        if config.api_keys.is_some() || jwt.is_some() {
+            let fetched = config
+                .jwt
+                .as_ref()
+                .is_some_and(|j| matches!(j.jwks, JwksSource::Url { .. }));
+            metrics::init_auth(fetched);
+        }
         let gateway = Gateway {
             config: Arc::new(config),
             pools,
+            jwt,
             started,
         };
         (gateway, services)
+    }
+
+    /// Whether the request's credential is good (or none is required).
+    async fn authenticate(&self, req: &RequestHeader) -> Result<(), Reason> {
+        let api_keys = self.config.api_keys.as_ref();
+        if api_keys.is_none() && self.jwt.is_none() {
+            return Ok(());
+        }
+        let authorization = req.headers.get(http::header::AUTHORIZATION);
+        auth::authenticate(
+            api_keys,
+            self.jwt.as_ref(),
+            authorization.map(|v| v.as_bytes()),
+        )
+        .await
+    }
+
+    /// The service that re-resolves the models' DNS names, if any has one.
+    pub fn refresh_service(&self) -> Option<Refresh> {
+        let pools: Vec<Arc<ModelPool>> = self
+            .config
+            .models
+            .iter()
+            .filter(|m| m.uses_names())
+            .map(|m| self.pools[&m.name].clone())
+            .collect();
+        (!pools.is_empty()).then(|| Refresh {
+            pools,
+            every: self.config.discovery.refresh,
+        })
     }
 
     /// Pools in configuration order.
@@ -221,22 +279,23 @@ impl Gateway {
     }
 
     /// A backend failed before answering: count it, leave it out for the
-    /// window.
+    /// window, and say why (a refused connection, a certificate that did not
+    /// verify, ...).
     fn exclude(&self, ctx: &RequestCtx, addr: SocketAddr, why: &Error) {
-        let Some(pool) = &ctx.pool else {
+        let (Some(pool), Some(members)) = (&ctx.pool, &ctx.members) else {
             return;
         };
-        let backend = addr.to_string();
-        metrics::BACKEND_FAILURES
-            .with_label_values(&[&pool.name, &backend])
-            .inc();
-        if pool.exclusions().exclude(addr, Instant::now()) {
+        if let Some(series) = members.series(&addr) {
+            series.failures.inc();
+        }
+        if members.exclusions().exclude(addr, Instant::now()) {
             warn!(
                 event = "backend_excluded",
                 model = pool.name.as_str(),
-                backend = backend.as_str(),
+                backend:display = addr,
                 for_secs = self.config.failure_exclusion.as_secs(),
-                error = why.etype().as_str();
+                error = why.etype().as_str(),
+                reason:display = why;
                 ""
             );
         }
@@ -255,14 +314,19 @@ impl ProxyHttp for Gateway {
         ctx.started = Some(Instant::now());
         let req = session.req_header();
         let endpoint = endpoints::classify(&req.method, req.uri.path());
-        if let (Some(keys), false) = (&self.config.api_keys, endpoint == Endpoint::Health) {
+        if endpoint != Endpoint::Health {
             // Before anything is read or queued.
-            let authorization = req.headers.get(http::header::AUTHORIZATION);
-            if !keys.allows(authorization.map(|v| v.as_bytes())) {
-                respond(session, ApiError::Unauthorized.response()).await;
+            if let Err(reason) = self.authenticate(req).await {
+                metrics::AUTH_FAILURES
+                    .with_label_values(&[reason.as_str()])
+                    .inc();
+                // The reason only: never the credential.
+                debug!(event = "auth_failed", reason = reason.as_str(); "");
+                respond(session, ApiError::Unauthorized(reason).response()).await;
                 return Ok(true);
             }
         }
+        let req = session.req_header();
         match endpoint {
             Endpoint::Proxy => {}
             Endpoint::Health => {
@@ -325,7 +389,12 @@ impl ProxyHttp for Gateway {
             .as_mut()
             .ok_or_else(|| Error::explain(ErrorType::InternalError, "no backend chosen"))?;
         attempt.state = AttemptState::Sent;
-        let mut peer = HttpPeer::new(attempt.candidate.addr, false, String::new());
+        // The set the backend was chosen in, which knows how to reach it.
+        let members = ctx
+            .members
+            .as_ref()
+            .ok_or_else(|| Error::explain(ErrorType::InternalError, "no model chosen"))?;
+        let mut peer = members.peer(attempt.candidate.addr);
         peer.options.connection_timeout = Some(self.config.connect_timeout);
         // Both the wait for the response header and for each body chunk.
         peer.options.read_timeout = Some(self.config.read_timeout);
@@ -342,7 +411,7 @@ impl ProxyHttp for Gateway {
             // The gateway's copy goes upstream in one piece, whatever the
             // client's framing (chunked) or length (before a rewrite).
             upstream.remove_header(&http::header::TRANSFER_ENCODING);
-            upstream.insert_header(http::header::CONTENT_LENGTH, body.len().to_string())?;
+            upstream.insert_header(http::header::CONTENT_LENGTH, HeaderValue::from(body.len()))?;
         }
         headers::rewrite_upstream(upstream, ctx.warmup, self.config.warmup.vllm_priority)?;
         // The client's credentials are for the gateway, not for vLLM.
@@ -450,8 +519,13 @@ impl ProxyHttp for Gateway {
             session.set_keepalive(None);
         }
         if let Some(a) = &ctx.attempt {
-            response.insert_header("X-Poimen-Backend", a.candidate.addr.to_string())?;
-            response.insert_header("X-Poimen-Route", a.candidate.route.as_str())?;
+            // The candidate came from these members (`admit`).
+            let members = ctx.members.as_ref();
+            if let Some(s) = members.and_then(|m| m.series(&a.candidate.addr)) {
+                response.insert_header("X-Poimen-Backend", s.header.clone())?;
+            }
+            let route = HeaderValue::from_static(a.candidate.route.as_str());
+            response.insert_header("X-Poimen-Route", route)?;
         }
         Ok(())
     }
@@ -531,11 +605,12 @@ fn take_load_report(response: &mut ResponseHeader, ctx: &RequestCtx) {
         .get(load_report::HEADER)
         .and_then(|v| load_report::waiting(v.as_bytes()));
     response.remove_header(load_report::HEADER);
+    // The candidate came from these members (`admit`).
     let admission = ctx
         .attempt
         .as_ref()
-        .zip(ctx.pool.as_ref())
-        .and_then(|(a, pool)| pool.admission(&a.candidate.addr));
+        .zip(ctx.members.as_ref())
+        .and_then(|(a, members)| members.admission(&a.candidate.addr));
     if let (Some(waiting), Some(admission)) = (waiting, admission) {
         admission.report(waiting);
     }

@@ -13,44 +13,37 @@ impl Gateway {
             return; // no model: a local answer or a bad request
         };
         // 499 (nginx's word for it): the client left before any answer.
-        let status = session
-            .response_written()
-            .map_or(499, |r| r.status.as_u16());
+        let status = session.response_written().map(|r| r.status);
+        let status_code = status.as_ref().map_or("499", |s| s.as_str());
+        let status = status.map_or(499, |s| s.as_u16());
         let candidate = ctx.attempt.as_ref().map(|a| a.candidate);
-        let backend = candidate.map_or_else(|| "none".to_string(), |c| c.addr.to_string());
+        let series = candidate.and_then(|c| ctx.members.as_ref()?.series(&c.addr));
+        let backend = series.map_or("none", |s| s.label.as_str());
         let route = candidate.map_or("none", |c| c.route.as_str());
         let model = pool.name.as_str();
         let duration = ctx.started.map(|t| t.elapsed()).unwrap_or_default();
+        // The one series whose labels vary per request (route, code).
         metrics::REQUESTS
-            .with_label_values(&[model, &backend, route, &status.to_string()])
+            .with_label_values(&[model, backend, route, status_code])
             .inc();
-        metrics::REQUEST_DURATION
-            .with_label_values(&[model])
-            .observe(duration.as_secs_f64());
+        pool.series.duration.observe(duration.as_secs_f64());
         if let Some(ttfb) = ctx.first_byte {
-            metrics::TIME_TO_FIRST_BYTE
-                .with_label_values(&[model])
-                .observe(ttfb.as_secs_f64());
+            pool.series.time_to_first_byte.observe(ttfb.as_secs_f64());
         }
 
         let Some(tracker) = ctx.tracker.as_ref().filter(|_| ctx.response_started()) else {
             return;
         };
         let usage = tracker.usage();
-        let labels = [model, backend.as_str()];
-        match usage.cached_tokens {
-            Some(cached) => metrics::PREFIX_CACHE_HIT_TOKENS
-                .with_label_values(&labels)
-                .inc_by(cached),
-            None if (200..300).contains(&status) => {
-                metrics::USAGE_MISSING.with_label_values(&labels).inc()
+        if let Some(series) = series {
+            match usage.cached_tokens {
+                Some(cached) => series.hit_tokens.inc_by(cached),
+                None if (200..300).contains(&status) => series.usage_missing.inc(),
+                None => {}
             }
-            None => {}
-        }
-        if let Some(prompt) = usage.prompt_tokens {
-            metrics::PROMPT_TOKENS
-                .with_label_values(&labels)
-                .inc_by(prompt);
+            if let Some(prompt) = usage.prompt_tokens {
+                series.prompt_tokens.inc_by(prompt);
+            }
         }
         // Header values may carry any byte; the log shows UTF-8 as it is.
         let cache_key = ctx
@@ -62,7 +55,7 @@ impl Gateway {
             derived_key: ctx.derived_key.as_ref().map(|k| k.as_str()),
             usage,
             model,
-            backend: &backend,
+            backend,
             route,
             status,
             duration,

@@ -1,6 +1,7 @@
 //! A fake vLLM backend on 127.0.0.1: records what it receives, answers as
 //! told (JSON, an SSE stream with gaps, after a delay), and can be stopped
-//! and restarted on the same port to simulate a crash.
+//! and restarted on the same port to simulate a crash. It speaks plain HTTP,
+//! or HTTPS with a given certificate (`start_tls`).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -14,8 +15,11 @@ use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
+use tokio_rustls::rustls::ServerConfig;
+use tokio_rustls::TlsAcceptor;
 
 type Body = http_body_util::combinators::BoxBody<Bytes, Infallible>;
 
@@ -73,11 +77,28 @@ pub struct FakeBackend {
     pub addr: SocketAddr,
     state: Arc<State>,
     tasks: Option<JoinSet<()>>,
+    tls: Option<TlsAcceptor>,
 }
 
 impl FakeBackend {
     pub async fn start() -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        FakeBackend::start_with(SocketAddr::from(([127, 0, 0, 1], 0)), None).await
+    }
+
+    /// On `addr`: another loopback IP, or a port already used on another
+    /// IP (the backends of one DNS name share a port).
+    pub async fn start_on(addr: SocketAddr) -> Self {
+        FakeBackend::start_with(addr, None).await
+    }
+
+    /// An HTTPS backend serving `config`'s certificate.
+    pub async fn start_tls(config: Arc<ServerConfig>) -> Self {
+        let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
+        FakeBackend::start_with(loopback, Some(TlsAcceptor::from(config))).await
+    }
+
+    async fn start_with(addr: SocketAddr, tls: Option<TlsAcceptor>) -> Self {
+        let listener = TcpListener::bind(addr).await.unwrap();
         let addr = listener.local_addr().unwrap();
         let state = Arc::new(State {
             addr,
@@ -92,6 +113,7 @@ impl FakeBackend {
             addr,
             state,
             tasks: None,
+            tls,
         };
         backend.serve(listener);
         backend
@@ -99,19 +121,25 @@ impl FakeBackend {
 
     fn serve(&mut self, listener: TcpListener) {
         let mut tasks = JoinSet::new();
-        let state = self.state.clone();
+        let (state, tls) = (self.state.clone(), self.tls.clone());
         tasks.spawn(async move {
             let mut conns = JoinSet::new();
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     continue;
                 };
-                let state = state.clone();
+                let (state, tls) = (state.clone(), tls.clone());
                 conns.spawn(async move {
-                    let svc = service_fn(move |req| handle(state.clone(), req));
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), svc)
-                        .await;
+                    match tls {
+                        // A failed handshake (e.g. a client that does not
+                        // trust the certificate) never reaches `handle`.
+                        Some(tls) => {
+                            if let Ok(stream) = tls.accept(stream).await {
+                                serve_connection(stream, state).await;
+                            }
+                        }
+                        None => serve_connection(stream, state).await,
+                    }
                 });
             }
         });
@@ -161,6 +189,16 @@ impl FakeBackend {
     pub fn sent_at(&self) -> Vec<Instant> {
         self.state.sent_at.lock().unwrap().clone()
     }
+}
+
+async fn serve_connection<S>(stream: S, state: Arc<State>)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let svc = service_fn(move |req| handle(state.clone(), req));
+    let _ = hyper::server::conn::http1::Builder::new()
+        .serve_connection(TokioIo::new(stream), svc)
+        .await;
 }
 
 /// Counts a request in flight until dropped (also when the client leaves).

@@ -17,6 +17,9 @@ const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 1);
 /// The metrics listener's IP: the config requires it to differ from every
 /// client listener, and Linux serves all of 127.0.0.0/8 on loopback.
 const METRICS_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
+/// The TLS client listener's IP, when there is one (`Conf::serve_tls`):
+/// its certificates are issued for it.
+pub const TLS_IP: &str = "127.0.0.3";
 
 /// A fresh directory for one test's files.
 pub fn temp_dir() -> PathBuf {
@@ -72,6 +75,8 @@ pub fn alive(pid: u32) -> bool {
 pub struct Conf {
     dir: PathBuf,
     grace_period_seconds: u32,
+    /// A TLS listener's certificate and key files, when it has one.
+    tls: Option<(PathBuf, PathBuf)>,
 }
 
 impl Conf {
@@ -81,16 +86,36 @@ impl Conf {
         Conf {
             dir: temp_dir(),
             grace_period_seconds,
+            tls: None,
         }
+    }
+
+    /// Also listen with TLS on `TLS_IP`, port 0, serving these files.
+    pub fn serve_tls(mut self, cert_file: PathBuf, key_file: PathBuf) -> Conf {
+        self.tls = Some((cert_file, key_file));
+        self
+    }
+
+    /// This config's directory, for the test's own files.
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 
     /// (Re)write `gateway.yaml` with `gateway_keys`: YAML lines indented
     /// under `gateway:`, which must include `models:`.
     pub fn write(&self, gateway_keys: &str) {
+        let tls = match &self.tls {
+            Some((cert, key)) => format!(
+                ", {{address: \"{TLS_IP}:0\", tls: {{cert_file: \"{}\", key_file: \"{}\"}}}}",
+                cert.display(),
+                key.display()
+            ),
+            None => String::new(),
+        };
         let yaml = format!(
             "version: 1\nthreads: 2\nwork_stealing: false\npid_file: {pid}\nupgrade_sock: {sock}\n\
              grace_period_seconds: {grace}\ngraceful_shutdown_timeout_seconds: 1\n\
-             gateway:\n  listen: \"{CLIENT_IP}:0\"\n  metrics_listen: \"{METRICS_IP}:0\"\n{gateway_keys}",
+             gateway:\n  listen: [\"{CLIENT_IP}:0\"{tls}]\n  metrics_listen: \"{METRICS_IP}:0\"\n{gateway_keys}",
             pid = self.pid_file().display(),
             sock = self.upgrade_sock().display(),
             grace = self.grace_period_seconds,
@@ -140,9 +165,11 @@ impl Conf {
     }
 
     /// The client and metrics addresses process `pid` listens on, once it
-    /// listens on both (Pingora binds them after the process started).
+    /// listens on both, and on the TLS listener if any (Pingora binds them
+    /// after the process started; `tls_listening` reads that one).
     pub async fn listening(&self, pid: u32) -> (SocketAddr, SocketAddr) {
-        let ips = [IpAddr::V4(CLIENT_IP), IpAddr::V4(METRICS_IP)];
+        let mut ips = vec![IpAddr::V4(CLIENT_IP), IpAddr::V4(METRICS_IP)];
+        ips.extend(self.tls.as_ref().map(|_| TLS_IP.parse::<IpAddr>().unwrap()));
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             match ports::listening_on(pid, &ips) {
@@ -153,16 +180,24 @@ impl Conf {
             }
             assert!(
                 Instant::now() < deadline,
-                "gateway {pid} not listening on {CLIENT_IP} and {METRICS_IP} after 20 s"
+                "gateway {pid} not listening on all of {ips:?} after 20 s"
             );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+    }
+
+    /// The TLS listener of process `pid`, once `listening` returned.
+    pub fn tls_listening(&self, pid: u32) -> SocketAddr {
+        let ip: IpAddr = TLS_IP.parse().unwrap();
+        ports::listening_on(pid, &[ip]).unwrap().unwrap()[0]
     }
 }
 
 pub struct Gateway {
     pub addr: SocketAddr,
     pub metrics: SocketAddr,
+    /// The TLS listener, when started with `start_tls`.
+    pub tls_addr: Option<SocketAddr>,
     conf: Conf,
     child: Child,
 }
@@ -171,20 +206,36 @@ impl Gateway {
     /// Start with `gateway_keys` (YAML lines indented under `gateway:`, which
     /// must include `models:`); the listeners are added here.
     pub async fn start(gateway_keys: &str) -> Gateway {
-        Gateway::spawn(gateway_keys, None).await
+        Gateway::spawn(Conf::new(1), gateway_keys, None, "info").await
+    }
+
+    /// Like `start`, logging at `RUST_LOG=level`.
+    pub async fn start_logging(gateway_keys: &str, level: &str) -> Gateway {
+        Gateway::spawn(Conf::new(1), gateway_keys, None, level).await
+    }
+
+    /// Like `start`, with a TLS listener too, serving these files.
+    pub async fn start_tls(gateway_keys: &str, cert_file: PathBuf, key_file: PathBuf) -> Gateway {
+        let conf = Conf::new(1).serve_tls(cert_file, key_file);
+        Gateway::spawn(conf, gateway_keys, None, "info").await
     }
 
     /// Like `start`, but stderr is a pipe for the test to take
     /// (`take_stderr`) and read, or leave unread like a stalled journald.
     /// `stderr()` is then empty, and so is the log shown on failure.
     pub async fn start_with_stderr_pipe(gateway_keys: &str) -> Gateway {
-        Gateway::spawn(gateway_keys, Some(Stdio::piped())).await
+        Gateway::spawn(Conf::new(1), gateway_keys, Some(Stdio::piped()), "info").await
     }
 
-    async fn spawn(gateway_keys: &str, stderr: Option<Stdio>) -> Gateway {
-        let conf = Conf::new(1);
+    async fn spawn(
+        conf: Conf,
+        gateway_keys: &str,
+        stderr: Option<Stdio>,
+        log_level: &str,
+    ) -> Gateway {
         conf.write(gateway_keys);
         let mut command = conf.command(&[]);
+        command.env("RUST_LOG", log_level);
         if let Some(stderr) = stderr {
             command.stderr(stderr);
         }
@@ -195,10 +246,14 @@ impl Gateway {
         let mut gw = Gateway {
             addr: unknown,
             metrics: unknown,
+            tls_addr: None,
             conf,
             child,
         };
         (gw.addr, gw.metrics) = gw.conf.listening(gw.child.id()).await;
+        if gw.conf.tls.is_some() {
+            gw.tls_addr = Some(gw.conf.tls_listening(gw.child.id()));
+        }
         gw
     }
 

@@ -2,9 +2,15 @@
 //! a client.
 
 pub mod backend;
+pub mod certs;
+pub mod daemons;
+pub mod dns;
 pub mod gateway;
 pub mod metrics;
 pub mod ports;
+/// The unit tests' key maker, shared.
+#[path = "../../src/auth/test_keys.rs"]
+pub mod test_keys;
 
 pub use backend::{FakeBackend, Reply};
 pub use gateway::Gateway;

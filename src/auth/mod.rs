@@ -1,0 +1,201 @@
+//! Client authentication, before any queueing: `Authorization: Bearer
+//! <credential>`, where the credential is an API key from a file (here) or a
+//! JWT from an OIDC provider (`jwt`, with its keys from `jwks`). When both
+//! are configured either is accepted.
+//!
+//! API keys are kept only as SHA-256 digests and compared in constant time: a
+//! request's key is hashed and checked against every digest without an early
+//! exit, so timing reveals neither a key nor how much of one matched.
+
+pub mod fetch;
+pub mod jwks;
+pub mod jwt;
+#[cfg(test)]
+pub mod test_keys;
+
+use sha2::{Digest, Sha256};
+
+use jwt::Verifier;
+
+/// Why a request was refused: the label of
+/// `poimen_gateway_auth_failures_total{reason}`, a fixed set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    /// No `Authorization: Bearer <credential>`.
+    Missing,
+    /// Not a JWT (nor, when API keys are configured too, a known key), or a
+    /// JWT without a required claim.
+    Malformed,
+    BadSignature,
+    Expired,
+    NotYetValid,
+    Issuer,
+    Audience,
+    /// No key of the JWKS fits the token's `kid` (or, API keys only: not a
+    /// known API key).
+    UnknownKey,
+    /// `alg` not allowed (`none`, HMAC, not in `algorithms`) or not the
+    /// key's type.
+    Algorithm,
+}
+
+impl Reason {
+    pub const ALL: [Reason; 9] = [
+        Reason::Missing,
+        Reason::Malformed,
+        Reason::BadSignature,
+        Reason::Expired,
+        Reason::NotYetValid,
+        Reason::Issuer,
+        Reason::Audience,
+        Reason::UnknownKey,
+        Reason::Algorithm,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Missing => "missing",
+            Reason::Malformed => "malformed",
+            Reason::BadSignature => "bad_signature",
+            Reason::Expired => "expired",
+            Reason::NotYetValid => "not_yet_valid",
+            Reason::Issuer => "issuer",
+            Reason::Audience => "audience",
+            Reason::UnknownKey => "unknown_key",
+            Reason::Algorithm => "algorithm",
+        }
+    }
+}
+
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Check an `Authorization` header value against the API keys and the JWT
+/// verifier, whichever are configured (at least one).
+pub async fn authenticate(
+    api_keys: Option<&ApiKeys>,
+    jwt: Option<&Verifier>,
+    authorization: Option<&[u8]>,
+) -> Result<(), Reason> {
+    let token = authorization.and_then(bearer).ok_or(Reason::Missing)?;
+    if api_keys.is_some_and(|keys| keys.contains(token)) {
+        return Ok(());
+    }
+    match jwt {
+        Some(verifier) => {
+            let token = std::str::from_utf8(token).map_err(|_| Reason::Malformed)?;
+            verifier.verify(token).await
+        }
+        None => Err(Reason::UnknownKey),
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum KeysError {
+    #[error("no keys in the file")]
+    Empty,
+}
+
+#[derive(Clone)]
+pub struct ApiKeys {
+    digests: Vec<[u8; 32]>,
+}
+
+impl std::fmt::Debug for ApiKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print keys, not even their digests.
+        write!(f, "ApiKeys({} keys)", self.digests.len())
+    }
+}
+
+impl ApiKeys {
+    /// Parse a keys file: one key per line, or its SHA-256 as 64 hex digits;
+    /// blank lines and lines starting with `#` are ignored.
+    pub fn parse(text: &str) -> Result<Self, KeysError> {
+        let digests: Vec<[u8; 32]> = text
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            .map(|l| hex_digest(l).unwrap_or_else(|| Sha256::digest(l.as_bytes()).into()))
+            .collect();
+        if digests.is_empty() {
+            return Err(KeysError::Empty);
+        }
+        Ok(ApiKeys { digests })
+    }
+
+    /// Whether `key` is one of the keys.
+    pub fn contains(&self, key: &[u8]) -> bool {
+        let digest: [u8; 32] = Sha256::digest(key).into();
+        self.digests
+            .iter()
+            .fold(false, |found, d| found | constant_time_eq(d, &digest))
+    }
+}
+
+/// The token of `Bearer <token>` (scheme case-insensitive).
+fn bearer(value: &[u8]) -> Option<&[u8]> {
+    let (scheme, token) = value.split_at_checked(7)?;
+    (scheme.eq_ignore_ascii_case(b"bearer ") && !token.is_empty()).then_some(token.trim_ascii())
+}
+
+fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn hex_digest(line: &str) -> Option<[u8; 32]> {
+    if line.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(line.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The verdict on `authorization` with API keys alone (nothing to
+    /// await then).
+    pub(crate) fn verdict(keys: &ApiKeys, authorization: Option<&[u8]>) -> Result<(), Reason> {
+        futures::executor::block_on(authenticate(Some(keys), None, authorization))
+    }
+
+    #[test]
+    fn plain_and_hashed_keys() {
+        let hashed = format!("{:x}", Sha256::digest(b"second-key"));
+        let keys = ApiKeys::parse(&format!("# comment\n\nfirst-key\n  {hashed}  \n")).unwrap();
+        let verdict = |auth: Option<&[u8]>| verdict(&keys, auth);
+        assert_eq!(verdict(Some(b"Bearer first-key")), Ok(()));
+        assert_eq!(verdict(Some(b"bearer second-key")), Ok(()));
+        assert_eq!(verdict(Some(b"Bearer first-ke")), Err(Reason::UnknownKey));
+        assert_eq!(
+            verdict(Some(&[b"Bearer ".as_slice(), &[0xff, 0xfe]].concat())),
+            Err(Reason::UnknownKey)
+        );
+        for missing in [
+            &b"Bearer "[..],
+            b"Basic first-key",
+            b"first-key",
+            &[0xff, 0xfe],
+        ] {
+            assert_eq!(verdict(Some(missing)), Err(Reason::Missing));
+        }
+        assert_eq!(verdict(None), Err(Reason::Missing));
+        assert_eq!(format!("{keys:?}"), "ApiKeys(2 keys)");
+    }
+
+    #[test]
+    fn an_empty_file_is_refused() {
+        assert_eq!(
+            ApiKeys::parse("# nothing\n\n").unwrap_err(),
+            KeysError::Empty
+        );
+    }
+}
