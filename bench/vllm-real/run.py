@@ -418,7 +418,7 @@ def render(a, env_info: dict, ideal: dict, runs: dict, replays: dict, probe_resu
         f"mode; system message = {a.system_bytes} bytes shared by all + {a.memory_bytes[0]}-{a.memory_bytes[1]} "
         f"bytes of session memory; questions {a.question_bytes[0]}-{a.question_bytes[1]} bytes; turns streamed "
         f"with max_tokens {a.max_tokens}; concurrency {a.concurrency}; seed {a.seed}",
-        f"- run time: {elapsed / 60:.1f} min. Command: `bash bench/vllm-real/run.sh {' '.join(sys.argv[1:])}`".rstrip(),
+        f"- run time: {elapsed / 60:.1f} min. Command: `{' '.join(['bash bench/vllm-real/run.sh'] + sys.argv[1:])}`",
         "",
         "## Hit tokens: vLLM's own counter against the gateway's",
         "",
@@ -564,29 +564,37 @@ def reading(a, ideal: dict, runs: dict, replays: dict, probe_results: dict, allr
                    f"a session's turns alternate between the backends, so each turn finds only what the "
                    f"same backend saw of its session (its turn before last, or only the system message). How "
                    f"much that loses depends on how concurrent sessions interleave with the round-robin "
-                   f"counter, hence the different no-key figure of the sims through the gateway (their uniform "
-                   f"timing kept sessions in lockstep); under the same placement (`replayed`) they agree.")
+                   f"counter: so the no-key figures vary from run to run, and between vLLM and the sims through "
+                   f"the gateway; under the same placement (`replayed`) they agree.")
     for ph in ("real", "sim"):
         for m in ("no-key", "key"):
-            r = runs.get((ph, m))
-            if r and r["placed"]:
-                lost = r["placed"]["hit_tokens"] - r["engine_hits"] * r["unit"]
-                if lost > 0:
-                    out.append(f"{ph} {m}: {fnum(lost)} bytes below what its placement allowed (`placed`): two "
-                               f"requests with the same new prefix admitted on one backend at once both miss "
-                               f"(vllm-sim inserts a prompt's blocks when its prefill ends; timing-dependent).")
+            lost = [r["placed"]["hit_tokens"] - r["engine_hits"] * r["unit"]
+                    for k, r in sorted(allruns.items()) if k[:2] == (ph, m)]
+            if any(x > 0 for x in lost):
+                why = ("vllm-sim inserts a prompt's blocks into its cache when the prompt's prefill ends, so a "
+                       "request admitted on the same backend while another one's new prefix is still in prefill "
+                       "misses it; vLLM registers a block when it schedules the block's computation "
+                       "(`allocate_slots` calls `cache_blocks` in vllm/v1/core/kv_cache_manager.py), so there "
+                       "only requests scheduled in the same step miss together"
+                       if ph == "sim" else
+                       "requests with the same new prefix scheduled in the same step on one backend both miss it")
+                out.append(f"{ph} {m}: {', '.join(fnum(x) for x in lost)} bytes below what its placement allowed "
+                           f"(`placed`, by repetition): {why}. This is timing, not placement.")
     if replays:
         parts = []
+        all_same = True
         for m, rp in replays.items():
             rb = runs[("real", m)]["engine_hits"]
             sb = rp["engine_hits"] * SIM_BYTES_PER_TOKEN
             same, _ = same_cached(runs[("real", m)]["records"], rp["records"])
+            all_same = all_same and same == len(rp["records"])
             parts.append(f"{m}: {fnum(sb)} against {fnum(rb)} bytes ({sb / rb if rb else float('nan'):.3f}), "
                          f"{same}/{len(rp['records'])} requests with the same cached bytes")
         out.append("Fidelity: replayed on vLLM's own placement, vllm-sim's hit counts against real vLLM's: "
-                   + "; ".join(parts) + ". A request whose cached bytes differ while the totals agree is one of "
-                   "two that ran concurrently on one backend in the real run: which of them paid for their "
-                   "shared prefix first is decided by timing there and by the real run's send order in the replay.")
+                   + "; ".join(parts) + "." + ("" if all_same else " A request whose cached bytes differ while "
+                   "the totals agree is one of two that ran concurrently on one backend in the real run: which of "
+                   "them paid for their shared prefix first is decided by timing there and by the real run's send "
+                   "order in the replay."))
     real = {x["name"]: x["cached_tokens"] for x in probe_results.get("real", [])}
     sim = {x["name"]: x["cached_tokens"] * SIM_BYTES_PER_TOKEN for x in probe_results.get("sim", [])
            if x["cached_tokens"] is not None}
@@ -594,7 +602,8 @@ def reading(a, ideal: dict, runs: dict, replays: dict, probe_results: dict, allr
     if real and sim:
         out.append(("Block accounting (the probes): " + (
             f"they differ on {'; '.join(diff)}: vLLM never counts the block holding the last prompt token as a "
-            "hit (it must compute at least that token, so a fully cached prompt recomputes its last block), "
+            "hit (it must compute at least that token, so a fully cached prompt recomputes its last block: "
+            "`max_cache_hit_length = request.num_tokens - 1` in vllm/v1/core/kv_cache_manager.py), "
             "vllm-sim does; a prompt that repeats an earlier one exactly and ends on a block boundary gets one "
             "block less from vLLM. The workload above has no such request."
             if diff else "the same on every probe.")))
