@@ -33,20 +33,37 @@ pub async fn read_whole(session: &mut Session, limit: usize) -> Result<Bytes, St
     if declared.is_some_and(|n| n > limit) {
         return Err(too_large());
     }
-    let mut buf = BytesMut::with_capacity(declared.unwrap_or(16 * 1024));
+    // A body that arrives in one piece (the usual request) is kept as it
+    // came, not copied; only a second piece starts a buffer.
+    let mut first: Option<Bytes> = None;
+    let mut buf: Option<BytesMut> = None;
+    let mut held = 0;
     loop {
         match session.read_request_body().await {
             Ok(Some(chunk)) => {
                 // A chunked body declares no length: stop at the limit, before
                 // holding more than it.
-                if buf.len() + chunk.len() > limit {
+                held += chunk.len();
+                if held > limit {
                     return Err(too_large());
                 }
-                buf.extend_from_slice(&chunk);
+                if let Some(buf) = &mut buf {
+                    buf.extend_from_slice(&chunk);
+                } else if let Some(one) = first.take() {
+                    let mut b = BytesMut::with_capacity(declared.unwrap_or(16 * 1024));
+                    b.extend_from_slice(&one);
+                    b.extend_from_slice(&chunk);
+                    buf = Some(b);
+                } else {
+                    first = Some(chunk);
+                }
             }
             Ok(None) => break,
             Err(e) => return Err(Stop::ClientGone(e)),
         }
     }
-    Ok(buf.freeze())
+    Ok(match buf {
+        Some(buf) => buf.freeze(),
+        None => first.unwrap_or_default(),
+    })
 }
