@@ -6,7 +6,7 @@
 //! paths or anything else a client sends, so series stay bounded.
 
 use std::net::SocketAddr;
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 use std::time::Instant;
 
 use http::HeaderValue;
@@ -19,7 +19,6 @@ use prometheus::{
 };
 
 use crate::admission::Gauges;
-use crate::exclusion::CurrentExclusions;
 
 fn counter(name: &str, help: &str) -> IntCounter {
     register_int_counter!(name, help).expect("metric names are unique and valid")
@@ -191,15 +190,18 @@ pub static DISCOVERY_ERRORS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     )
 });
 
-/// `poimen_gateway_backend_excluded{model,backend}`: 0/1, read from each
-/// model's exclusions at scrape time, so it falls back to 0 when the window
-/// ends, and a backend that left the set leaves the metric.
-struct ExclusionCollector {
-    models: Vec<(String, CurrentExclusions)>,
+/// One model's current backends and a value for each, read at scrape time.
+pub type Reading = Arc<dyn Fn(Instant) -> Vec<(SocketAddr, i64)> + Send + Sync>;
+
+/// A gauge read from each model's current backend set at scrape time: never
+/// stale (an exclusion window ends, a load report expires), and a backend
+/// that left the set leaves the metric.
+struct ScrapeGauge {
+    models: Vec<(String, Reading)>,
     gauge: IntGaugeVec,
 }
 
-impl Collector for ExclusionCollector {
+impl Collector for ScrapeGauge {
     fn desc(&self) -> Vec<&Desc> {
         self.gauge.desc()
     }
@@ -207,30 +209,40 @@ impl Collector for ExclusionCollector {
     fn collect(&self) -> Vec<MetricFamily> {
         let now = Instant::now();
         self.gauge.reset();
-        for (model, current) in &self.models {
-            let exclusions = current();
-            for addr in exclusions.addrs() {
+        for (model, read) in &self.models {
+            for (addr, value) in read(now) {
                 let g: IntGauge = self.gauge.with_label_values(&[model, &addr.to_string()]);
-                g.set(i64::from(exclusions.is_excluded(addr, now)));
+                g.set(value);
             }
         }
         self.gauge.collect()
     }
 }
 
-/// Export the exclusion state of these models' backends.
-pub fn register_exclusions(models: Vec<(String, CurrentExclusions)>) {
-    let gauge = IntGaugeVec::new(
-        Opts::new(
-            "poimen_gateway_backend_excluded",
-            "1 while the backend is excluded after a failure, else 0",
-        ),
-        BACKEND,
-    )
-    .expect("valid metric");
-    if let Err(e) = prometheus::register(Box::new(ExclusionCollector { models, gauge })) {
-        log::warn!("backend exclusion metric not registered: {e}");
+fn register_scrape_gauge(name: &str, help: &str, models: Vec<(String, Reading)>) {
+    let gauge = IntGaugeVec::new(Opts::new(name, help), BACKEND).expect("valid metric");
+    if let Err(e) = prometheus::register(Box::new(ScrapeGauge { models, gauge })) {
+        log::warn!("{name} not registered: {e}");
     }
+}
+
+/// `poimen_gateway_backend_excluded{model,backend}`: 0/1.
+pub fn register_exclusions(models: Vec<(String, Reading)>) {
+    register_scrape_gauge(
+        "poimen_gateway_backend_excluded",
+        "1 while the backend is excluded after a failure, else 0",
+        models,
+    );
+}
+
+/// `poimen_gateway_slot_limit{model,backend}`: the slots this gateway may
+/// hold on the backend now.
+pub fn register_slot_limits(models: Vec<(String, Reading)>) {
+    register_scrape_gauge(
+        "poimen_gateway_slot_limit",
+        "Slots this gateway may use on the backend now: its share of max_num_seqs, or as load feedback moved it",
+        models,
+    );
 }
 
 /// A backend's per-request series and labels, resolved once when it joins

@@ -177,9 +177,27 @@ impl ModelPool {
         self.members.load_full()
     }
 
-    /// The exclusions of the current set, whatever it is when called.
-    pub fn current_exclusions(&self) -> CurrentExclusions {
-        current_exclusions(&self.members)
+    /// Each current backend: 1 while excluded, else 0 (for the metric).
+    pub fn exclusion_reading(&self) -> metrics::Reading {
+        let members = self.members.clone();
+        Arc::new(move |now| {
+            let m = members.load();
+            let excluded = |a: &SocketAddr| i64::from(m.exclusions.is_excluded(a, now));
+            m.addrs().iter().map(|a| (*a, excluded(a))).collect()
+        })
+    }
+
+    /// Each current backend's slot limit now (for the metric).
+    pub fn slot_limit_reading(&self) -> metrics::Reading {
+        let members = self.members.clone();
+        Arc::new(move |_| {
+            let m = members.load();
+            let limit = |a: &SocketAddr| Some(m.admissions.get(a)?.slot_limit() as i64);
+            m.addrs()
+                .iter()
+                .filter_map(|a| Some((*a, limit(a)?)))
+                .collect()
+        })
     }
 
     /// Run discovery; rebuild the members if the set changed; let go of

@@ -13,12 +13,13 @@ const LONG_QUEUE: &str =
     r#"JSON {"named_metrics": {"num_requests_waiting": 50.0, "kv_cache_usage_perc": 0.9}}"#;
 
 /// What one run showed: the most requests the backend saw at once while 8
-/// were sent together, the format header it received, and the report
-/// header the client received.
+/// were sent together, the format header it received, the report header
+/// the client received, and the slot limit the gateway exported after.
 struct Run {
     peak: usize,
     asked: String,
     client_saw: String,
+    limit: f64,
 }
 
 /// A backend of 4 slots (the gateway's share: one replica) that answers
@@ -54,10 +55,14 @@ async fn run(load_feedback: bool, report: &str) -> Run {
         .get("endpoint-load-metrics-format")
         .map(|v| v.to_str().unwrap().to_string())
         .unwrap_or_default();
+    let backend = b.addr.to_string();
+    let labels = [("model", "m"), ("backend", backend.as_str())];
     Run {
         peak: b.max_inflight(),
         asked,
         client_saw,
+        // Read while the last report is fresh (it expires after 2 s).
+        limit: gw.metric("poimen_gateway_slot_limit", &labels).await,
     }
 }
 
@@ -67,6 +72,7 @@ async fn a_backend_reporting_a_long_queue_gets_fewer_requests_than_its_share() {
     assert_eq!(r.asked, "json");
     // 4 slots, 50 waiting of other clients: this replica keeps 1 slot.
     assert_eq!(r.peak, 1);
+    assert_eq!(r.limit, 1.0);
     assert_eq!(
         r.client_saw, "",
         "the report is the gateway's, not the client's"
@@ -78,6 +84,7 @@ async fn off_the_report_is_neither_asked_for_nor_used() {
     let r = run(false, LONG_QUEUE).await;
     assert_eq!(r.asked, "");
     assert_eq!(r.peak, 4);
+    assert_eq!(r.limit, 4.0);
     // Not the gateway's business: passed through as the backend sent it.
     assert_eq!(r.client_saw, LONG_QUEUE);
 }
@@ -92,6 +99,7 @@ async fn a_malformed_report_changes_nothing() {
         let r = run(true, bad).await;
         assert_eq!(r.asked, "json");
         assert_eq!(r.peak, 4, "{bad}");
+        assert_eq!(r.limit, 4.0, "{bad}");
         assert_eq!(r.client_saw, "", "{bad}");
     }
 }

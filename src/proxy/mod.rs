@@ -165,12 +165,11 @@ impl Gateway {
         let started = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
-        metrics::register_exclusions(
-            pools
-                .values()
-                .map(|p| (p.name.clone(), p.current_exclusions()))
-                .collect(),
-        );
+        let readings = |read: fn(&ModelPool) -> metrics::Reading| {
+            pools.values().map(|p| (p.name.clone(), read(p))).collect()
+        };
+        metrics::register_exclusions(readings(ModelPool::exclusion_reading));
+        metrics::register_slot_limits(readings(ModelPool::slot_limit_reading));
         if config.api_keys.is_some() || jwt.is_some() {
             let fetched = config
                 .jwt
