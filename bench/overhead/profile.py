@@ -30,6 +30,7 @@ sys.dont_write_bytecode = True  # no __pycache__ in the work tree
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common as C  # noqa: E402
+import allocs as A  # noqa: E402
 import run as R  # noqa: E402
 
 
@@ -63,21 +64,13 @@ def main() -> int:
         if which == "nginx":
             p = R.start_nginx(procs, "proxy", R.proxy_conf(wd, 1, port, fp, C.free_port(), fp), port)
             pid = C.children(p.pid)[0]  # the worker
-        elif which == "pingora-bare":
-            bb = R.baseline_bin(bins)
-            p = procs.start("bare", [str(bb), f"127.0.0.1:{port}", "1"] + [f"127.0.0.1:{x}" for x in fp])
-            C.wait_port(port, proc=p)
-            pid = p.pid
         else:
-            cfg = C.gateway_yaml(wd, "gw", port, C.free_port(),
-                                 [{"name": R.FAKE_MODEL, "addresses": [f"127.0.0.1:{x}" for x in fp]}],
-                                 threads=1, scheduler={"max_num_seqs": 4096, "max_queue_depth": 0})
-            p = C.start_gateway(procs, bins, "gw", cfg, port, rust_log="info" if which == "gateway" else "warn")
+            p = A.start(which, procs, bins, wd, port, fp)
             pid = p.pid
-        target = {"name": which, "port": port, "pid": p.pid}
-        R.run_wrk(port, "chat.lua", 32, 2, [])
+        target = {"name": which, "port": port, "pid": p.pid, "header": R.KEY_HEADER}
+        R.run_wrk(port, "chat.lua", 32, 2)
         time.sleep(1)
-        d = R.measure(target, be.pid, "chat.lua", 32, 8, [])
+        d = R.measure(target, be.pid, "chat.lua", 32, 8)
         out["rps"], out["cpu_us_per_req"] = round(d["rps"]), round(d["proxy_cpu_us_per_req"], 1)
         print(f"{which}: {d['rps']:.0f} req/s, {d['proxy_cpu_us_per_req']:.1f} µs CPU per request", flush=True)
 
@@ -86,7 +79,7 @@ def main() -> int:
             st = subprocess.Popen(["strace", "-c", "-f", "-p", str(pid), "-o", str(trace)],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(0.5)
-            d = R.run_wrk(port, "chat.lua", 32, 5, [])
+            d = R.run_wrk(port, "chat.lua", 32, 5)
             st.send_signal(2)
             st.wait()
             n = d["requests"]
@@ -102,7 +95,7 @@ def main() -> int:
             pr = subprocess.Popen(["perf", "record", "-F", "1999", "-e", "cpu-clock", "--call-graph", "dwarf,16384",
                                    "-p", str(pid), "-o", str(data), "--", "sleep", "6"],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            R.run_wrk(port, "chat.lua", 32, 8, [])
+            R.run_wrk(port, "chat.lua", 32, 8)
             pr.wait()
             rep = subprocess.run(["perf", "report", "-i", str(data), "--no-children", "--sort", "dso,symbol",
                                   "-g", "none", "--percent-limit", "0"], capture_output=True, text=True).stdout

@@ -71,7 +71,7 @@ def sends_per_request(wd: Path, pid: int, port: int) -> float | None:
     st = subprocess.Popen(["strace", "-c", "-f", "-e", "trace=sendto,sendmsg,write,writev", "-p", str(pid),
                            "-o", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(0.5)
-    d = R.run_wrk(port, "chat.lua", 32, 3, [])
+    d = R.run_wrk(port, "chat.lua", 32, 3)
     st.send_signal(2)
     st.wait()
     return sum(C.strace_counts(out).values()) / max(1, d["requests"])
@@ -98,13 +98,13 @@ def main() -> int:
             port = C.free_port()
             p = procs.start(name, [str(b), f"127.0.0.1:{port}", "1"] + [f"127.0.0.1:{x}" for x in fp])
             C.wait_port(port, proc=p)
-            targets.append({"name": name, "port": port, "pid": p.pid})
+            targets.append({"name": name, "port": port, "pid": p.pid, "header": R.KEY_HEADER})
         for t in targets:  # warm-up, not counted
-            R.run_wrk(t["port"], "chat.lua", 32, 2, [])
+            R.run_wrk(t["port"], "chat.lua", 32, 2)
         rows: dict[str, list[dict]] = {t["name"]: [] for t in targets}
         for r in range(a.rounds):
             for t in (targets if r % 2 == 0 else list(reversed(targets))):
-                d = R.measure(t, be.pid, "chat.lua", 32, a.duration, [])
+                d = R.measure(t, be.pid, "chat.lua", 32, a.duration)
                 rows[t["name"]].append(d)
                 print(f"  round {r + 1} {t['name']:12s} {d['rps']:8.0f} req/s  proxy "
                       f"{d['proxy_cpu_us_per_req']:.1f} us/req  backends {d['backend_cpu_us_per_req']:.1f} us/req  "
