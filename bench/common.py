@@ -15,6 +15,7 @@ import datetime
 import math
 import os
 import platform
+import random
 import shutil
 import signal
 import socket
@@ -328,6 +329,25 @@ def prom_values(text: str, name: str) -> float:
         if metric == name:
             total += float(val)
     return total
+
+
+# --------------------------------------------------------------------------
+# workload text
+
+
+WORDS = ("agent tool result plan memory cache token step note user repo test build patch diff "
+         "error trace file module function branch commit review deploy config metric query index "
+         "schema table vector prompt context window batch queue worker thread socket stream").split()
+
+
+def text(rng: random.Random, nbytes: int) -> str:
+    """`nbytes` of seeded word salad: the benches' prompts."""
+    out, n = [], 0
+    while n < nbytes:
+        w = rng.choice(WORDS)
+        out.append(w)
+        n += len(w) + 1
+    return " ".join(out)[:nbytes]
 
 
 # --------------------------------------------------------------------------

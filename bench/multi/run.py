@@ -49,17 +49,7 @@ MODES = {
     "feedback": {"replicas": 3, "load_feedback": True},
 }
 SCENARIOS = {"even": (1, 1, 1), "skewed": (10, 1, 1)}
-WORDS = ("agent tool result plan memory cache token step note user repo test build patch diff "
-         "error trace file module function branch commit review deploy config metric query").split()
 
-
-def text(rng: random.Random, nbytes: int) -> str:
-    out, n = [], 0
-    while n < nbytes:
-        w = rng.choice(WORDS)
-        out.append(w)
-        n += len(w) + 1
-    return " ".join(out)[:nbytes]
 
 
 def spread(sessions: int, weights: tuple[int, ...]) -> list[int]:
@@ -76,8 +66,8 @@ def spread(sessions: int, weights: tuple[int, ...]) -> list[int]:
 async def drive(ports: list[int], sims: list[int], owner: list[int], a, seed: int) -> dict:
     import aiohttp
     rng = random.Random(seed)
-    shared = text(rng, a.shared_bytes)
-    memories = [text(rng, a.memory_bytes) for _ in owner]
+    shared = C.text(rng, a.shared_bytes)
+    memories = [C.text(rng, a.memory_bytes) for _ in owner]
     answer = " tok" * a.max_tokens
     recs: list[dict] = []
     waiting: list[int] = []
@@ -90,7 +80,7 @@ async def drive(ports: list[int], sims: list[int], owner: list[int], a, seed: in
         turn = 0
         srng = random.Random(seed * 1000 + s)
         while time.perf_counter() < deadline:
-            msgs.append({"role": "user", "content": f"turn {turn}: {text(srng, a.turn_bytes)}"})
+            msgs.append({"role": "user", "content": f"turn {turn}: {C.text(srng, a.turn_bytes)}"})
             body = json.dumps({"messages": msgs, "max_tokens": a.max_tokens, "stream": True,
                                "model": MODEL}).encode()
             headers = {"Content-Type": "application/json", "X-Poimen-Cache-Key": f"session-{s:03d}"}

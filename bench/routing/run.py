@@ -98,22 +98,11 @@ import common as C  # noqa: E402
 MODEL = "sim-model"
 BLOCK = 16
 BYTES_PER_TOKEN = 4
-WORDS = ("agent tool result plan memory cache token step note user repo test build patch diff "
-         "error trace file module function branch commit review deploy config metric query index "
-         "schema table vector prompt context window batch queue worker thread socket stream").split()
 
 
 # --------------------------------------------------------------------------
 # workload
 
-
-def text(rng: random.Random, nbytes: int) -> str:
-    out, n = [], 0
-    while n < nbytes:
-        w = rng.choice(WORDS)
-        out.append(w)
-        n += len(w) + 1
-    return " ".join(out)[:nbytes]
 
 
 # Variants: sessions (None = --sessions), sims, and how sessions become branches.
@@ -147,11 +136,11 @@ def build_workload(seed: int, sessions: int, turns: int, variant: str, answer_to
     `target_turns` (zipf only): the total number of turns to reach."""
     law = VARIANTS[variant]["law"]
     rng = random.Random(seed)
-    system = text(random.Random(seed * 1000 + 1), 6000)
+    system = C.text(random.Random(seed * 1000 + 1), 6000)
     mems = []
     for s in range(sessions):
         r = random.Random(seed * 1000 + 100 + s)
-        mems.append(text(r, r.randint(3000, 4000) * BYTES_PER_TOKEN))
+        mems.append(C.text(r, r.randint(3000, 4000) * BYTES_PER_TOKEN))
     # turns of each branch of each session
     if law == "one":
         plan = [[turns] for _ in range(sessions)]
@@ -169,7 +158,7 @@ def build_workload(seed: int, sessions: int, turns: int, variant: str, answer_to
     for s in range(sessions):
         for b, nturns in enumerate(plan[s]):
             r = random.Random(seed * 1000000 + s * 1000 + b)
-            qs = [text(r, r.randint(300, 800)) for _ in range(nturns)]
+            qs = [C.text(r, r.randint(300, 800)) for _ in range(nturns)]
             branches.append({"session": s, "branch": b,
                              "system": f"{system}\n{mems[s]}", "questions": qs})
     rng.shuffle(branches)

@@ -74,9 +74,6 @@ import common as C  # noqa: E402
 
 MODEL = "tiny"
 SIM_BYTES_PER_TOKEN = 4
-WORDS = ("agent tool result plan memory cache token step note user repo test build patch diff "
-         "error trace file module function branch commit review deploy config metric query index "
-         "schema table vector prompt context window batch queue worker thread socket stream").split()
 ANSWER = "ok, done."  # the assistant message each next turn carries (the client's, not the model's)
 
 
@@ -84,24 +81,16 @@ ANSWER = "ok, done."  # the assistant message each next turn carries (the client
 # workload
 
 
-def text(rng: random.Random, nbytes: int) -> str:
-    out, n = [], 0
-    while n < nbytes:
-        w = rng.choice(WORDS)
-        out.append(w)
-        n += len(w) + 1
-    return " ".join(out)[:nbytes]
-
 
 def build_workload(a) -> list[dict]:
-    system = text(random.Random(a.seed * 1000 + 1), a.system_bytes)
+    system = C.text(random.Random(a.seed * 1000 + 1), a.system_bytes)
     lo, hi = a.memory_bytes
     qlo, qhi = a.question_bytes
     sessions = []
     for s in range(a.sessions):
         r = random.Random(a.seed * 1000 + 100 + s)
-        mem = text(r, r.randint(lo, hi))
-        qs = [text(r, r.randint(qlo, qhi)) for _ in range(a.turns)]
+        mem = C.text(r, r.randint(lo, hi))
+        qs = [C.text(r, r.randint(qlo, qhi)) for _ in range(a.turns)]
         sessions.append({"session": s, "system": f"{system}\n{mem}", "questions": qs})
     random.Random(a.seed).shuffle(sessions)
     return sessions
@@ -363,7 +352,7 @@ def probes(port: int, a) -> list[dict]:
     sent twice; the second one's cached tokens."""
     out = []
     for i, (name, nbytes) in enumerate(PROBES):
-        content = text(random.Random(a.seed * 7919 + i), nbytes - len("user\n\n"))
+        content = C.text(random.Random(a.seed * 7919 + i), nbytes - len("user\n\n"))
         body = {"messages": [{"role": "user", "content": content}], "model": MODEL, "max_tokens": 1}
         assert len(prompt_bytes(body["messages"])) == nbytes
         got = []
