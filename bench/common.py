@@ -354,6 +354,16 @@ def text(rng: random.Random, nbytes: int) -> str:
 # stats and report helpers
 
 
+def write_report(path: str, report: str) -> None:
+    """Write a bench's report to `path` and show it."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(report)
+    print()
+    print(report)
+    print(f"written to {out}")
+
+
 def pct(xs: list[float], q: float) -> float:
     """Percentile by nearest rank (q in 0..100)."""
     if not xs:

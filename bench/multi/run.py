@@ -287,12 +287,7 @@ def main() -> int:
                 print(f"rep {rep + 1} {s:7} {m:11} " + " ".join(
                     f"{k}={fmt.format(r[k])}" for _, k, fmt in COLUMNS) + f" per-gw={r['rps_gw']}", flush=True)
     report = render(a, results, bins, scenarios, modes)
-    out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(report)
-    print()
-    print(report)
-    print(f"written to {out}")
+    C.write_report(a.out, report)
     return 0
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -129,12 +128,7 @@ def main() -> int:
         sims = [json.loads(C.http_get(f"http://127.0.0.1:{p}/sim/stats")) for p in sim_ports]
         rss_after = C.rss_kib(gw.pid)
         report = render(a, res, solo_secs, capacity, rss_idle, rss_after, metrics, sims, solo)
-        out = Path(a.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(report)
-        print()
-        print(report)
-        print(f"written to {out}")
+        C.write_report(a.out, report)
         return 0
 
 
