@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building and testing poimen-gateway needs on a fresh Debian
 # machine with a Rust toolchain: cmake (Pingora builds zlib-ng with it), a C
-# toolchain, and the OpenAI Python SDK (a test streams through the gateway
+# toolchain, the CA certificates (default trust for TLS backends and JWKS
+# URLs), and the OpenAI Python SDK (a test streams through the gateway
 # with it). Idempotent: it installs only what is missing.
 set -euo pipefail
 
@@ -10,6 +11,8 @@ command -v cmake >/dev/null || need+=(cmake)
 command -v cc >/dev/null || need+=(build-essential)
 command -v pkg-config >/dev/null || need+=(pkg-config)
 command -v python3 >/dev/null || need+=(python3 python3-pip)
+# The system trust store: the default trust of TLS backends and jwks_url.
+[ -e /etc/ssl/certs/ca-certificates.crt ] || need+=(ca-certificates)
 if [ ${#need[@]} -gt 0 ]; then
   sudo=""
   [ "$(id -u)" -eq 0 ] || sudo="sudo"

@@ -300,19 +300,11 @@ pub fn admission_gauges(model: &str, backend: &str) -> Gauges {
 /// Create every labelled series at zero, so dashboards and alerts see a
 /// backend before its first event.
 pub fn init_backend(model: &str, backend: &str) {
+    // The per-request counters and histograms are created (at zero) by
+    // `BackendSeries::new` and `ModelSeries::new`.
     for reason in ["queue_full", "queue_timeout"] {
         QUEUE_REJECTED.with_label_values(&[model, backend, reason]);
     }
-    for counter in [
-        &BACKEND_FAILURES,
-        &PREFIX_CACHE_HIT_TOKENS,
-        &PROMPT_TOKENS,
-        &USAGE_MISSING,
-    ] {
-        counter.with_label_values(&[model, backend]);
-    }
-    REQUEST_DURATION.with_label_values(&[model]);
-    TIME_TO_FIRST_BYTE.with_label_values(&[model]);
     LazyLock::force(&WARMUP_DELAYED);
     LazyLock::force(&QUEUE_WAIT);
 }
