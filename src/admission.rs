@@ -67,6 +67,8 @@ pub struct Admission {
     state: Mutex<State>,
     /// In flight plus queued, readable without the lock (routing reads it).
     load: AtomicUsize,
+    /// Load feedback on: the slot limit moves (and is read under the lock).
+    steered: bool,
     gauges: Gauges,
 }
 
@@ -117,6 +119,7 @@ impl Admission {
             limits,
             state: Mutex::new(state),
             load: AtomicUsize::new(0),
+            steered: feedback.is_some(),
             gauges,
         })
     }
@@ -139,6 +142,9 @@ impl Admission {
     /// The slots this replica may use now: `max_num_seqs`, or with load
     /// feedback the limit the backend's reports set.
     pub fn slot_limit(&self) -> usize {
+        if !self.steered {
+            return self.limits.max_num_seqs;
+        }
         self.lock().slot_limit(self.limits, Instant::now())
     }
 

@@ -64,9 +64,13 @@ impl Members {
     pub fn candidates(&self, req: Request, now: Instant) -> Result<Vec<Candidate>, Duration> {
         // The health check's verdict is not used to exclude: a slow /health
         // on a busy backend must not take it out. Only real failures do.
-        let status = |addr: &SocketAddr| Status {
-            excluded: self.exclusions.is_excluded(addr, now),
-            load: self.admissions.get(addr).map_or(0, |a| a.load()),
+        let status = |addr: &SocketAddr| {
+            let admission = self.admissions.get(addr);
+            Status {
+                excluded: self.exclusions.is_excluded(addr, now),
+                load: admission.map_or(0, |a| a.load()),
+                slots: admission.map_or(0, |a| a.slot_limit()),
+            }
         };
         self.router
             .rank(req, status)

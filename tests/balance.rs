@@ -21,9 +21,13 @@ async fn backends(n: usize, delay: Duration) -> Vec<FakeBackend> {
 }
 
 fn config(routing: &str, backends: &[FakeBackend]) -> String {
+    config_with_slots(routing, 8, backends)
+}
+
+fn config_with_slots(routing: &str, slots: usize, backends: &[FakeBackend]) -> String {
     let list: Vec<String> = backends.iter().map(|b| format!("\"{}\"", b.addr)).collect();
     format!(
-        "  routing: {routing}\n  scheduler: {{max_num_seqs: 8}}\n  models:\n    - name: m\n      addresses: [{}]\n",
+        "  routing: {routing}\n  scheduler: {{max_num_seqs: {slots}}}\n  models:\n    - name: m\n      addresses: [{}]\n",
         list.join(", ")
     )
 }
@@ -50,10 +54,21 @@ fn inflight(backends: &[FakeBackend]) -> usize {
     backends.iter().map(|b| b.inflight()).sum()
 }
 
+/// Requests waiting for a slot at the gateway, over all `backends`.
+async fn queued(gw: &Gateway, backends: &[FakeBackend]) -> usize {
+    let mut n = 0.0;
+    for b in backends {
+        let addr = b.addr.to_string();
+        let labels = [("model", "m"), ("backend", addr.as_str())];
+        n += gw.metric("poimen_gateway_queue_depth", &labels).await;
+    }
+    n as usize
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_hot_keys_excess_goes_to_its_runner_up_while_other_keys_stay_put() {
     let bs = Arc::new(backends(3, Duration::from_millis(1500)).await);
-    let gw = Arc::new(Gateway::start(&config("{balance_factor: 1.25}", &bs)).await);
+    let gw = Arc::new(Gateway::start(&config_with_slots("{balance_factor: 1.25}", 2, &bs)).await);
     let hot = ranking("hot", &bs);
     // Owners of three cold keys, one per backend.
     let cold: Vec<String> = bs
@@ -72,9 +87,9 @@ async fn a_hot_keys_excess_goes_to_its_runner_up_while_other_keys_stay_put() {
         .into_iter()
         .chain(cold.iter().map(String::as_str))
     {
-        let (gw, key) = (gw.clone(), key.to_string());
+        let (to, key) = (gw.clone(), key.to_string());
         sent.push(tokio::spawn(async move {
-            let resp = chat(&gw, "m", Some(&key)).await;
+            let resp = chat(&to, "m", Some(&key)).await;
             assert_eq!(resp.status(), 200);
             (
                 header(&resp, "x-poimen-backend"),
@@ -82,10 +97,10 @@ async fn a_hot_keys_excess_goes_to_its_runner_up_while_other_keys_stay_put() {
             )
         }));
         let n = sent.len();
-        let bs = bs.clone();
-        eventually("the request in flight", || {
-            let bs = bs.clone();
-            async move { inflight(&bs) == n }
+        let (bs, gw) = (bs.clone(), gw.clone());
+        eventually("the request in flight or queued", || {
+            let (bs, gw) = (bs.clone(), gw.clone());
+            async move { inflight(&bs) + queued(&gw, &bs).await == n }
         })
         .await;
     }
@@ -93,12 +108,16 @@ async fn a_hot_keys_excess_goes_to_its_runner_up_while_other_keys_stay_put() {
     for s in sent {
         got.push(s.await.unwrap());
     }
-    // 3 backends, factor 1.25: the cap is 1 for the first two requests, 2
-    // for the next two, then 3 (see routing/bounded.rs).
+    // 3 backends of 2 slots, factor 1.25: the cap is 1 for the first two
+    // requests, 2 for the next two, then 3 (see routing/bounded.rs). The
+    // second stays over its cap of 1 (a slot is free), the third and fourth
+    // find both of the owner's slots taken and its cap reached. The cold
+    // keys find their owners under the cap of 3 (the hot key's two
+    // backends full: those two wait there for a slot).
     let want_hot = [
         (&hot[0], "hash"),
-        (&hot[1], "balance"),
         (&hot[0], "hash"),
+        (&hot[1], "balance"),
         (&hot[1], "balance"),
     ];
     for (i, (backend, route)) in want_hot.iter().enumerate() {

@@ -85,6 +85,7 @@ import hashlib
 import json
 import math
 import random
+import socket
 import subprocess
 import sys
 import time
@@ -262,13 +263,17 @@ async def run_workload(port: int, branches: list[dict], send_key: bool, concurre
         warm = kind == "warmup"
         body = {"messages": msgs, "max_tokens": 1 if warm else answer_tokens, "stream": not warm,
                 "model": MODEL}
+        if not warm:
+            # The usage event (prompt and cached tokens) is passed on only
+            # to a client that asks for it.
+            body["stream_options"] = {"include_usage": True}
         headers = {"Content-Type": "application/json"}
         if send_key:
             headers["X-Poimen-Cache-Key"] = f"session-{br['session']:03d}"
         if warm:
             headers["X-Poimen-Warmup"] = "true"
         rec = {"session": br["session"], "branch": br["branch"], "kind": kind, "status": None,
-               "ttft": None, "backend": None, "route": None, "error": None}
+               "ttft": None, "backend": None, "route": None, "error": None, "prompt": None, "cached": None}
         t0 = time.perf_counter()
         try:
             async with s.post(url, data=json.dumps(body).encode(), headers=headers) as r:
@@ -285,6 +290,10 @@ async def run_workload(port: int, branches: list[dict], send_key: bool, concurre
                         if not line.startswith(b"data: {"):
                             continue
                         ev = json.loads(line[6:])
+                        usage = ev.get("usage") or {}
+                        if "prompt_tokens" in usage:
+                            rec["prompt"] = usage["prompt_tokens"]
+                            rec["cached"] = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
                         for ch in ev.get("choices", []):
                             c = (ch.get("delta") or {}).get("content")
                             if c:
@@ -333,6 +342,23 @@ MODES = {
     "system-bounded": {"key": False, "queue": "large", "overflow": "reject",
                        "routing": {"keyless": "system", "balance_factor": 1.5}},
 }
+
+
+def seeded_ports(rng: random.Random) -> list[int]:
+    """MAX_SIMS ports drawn from `rng` in 20000-29999, skipping any that is
+    taken now: the same ports for the same seed on a quiet machine."""
+    ports: list[int] = []
+    while len(ports) < MAX_SIMS:
+        p = rng.randrange(20000, 30000)
+        if p in ports:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", p))
+            except OSError:
+                continue
+        ports.append(p)
+    return ports
 
 
 def queue_depth(mode: str, a) -> int:
@@ -427,12 +453,29 @@ def run_mode(bins, wd, procs, mode: str, variant: str, branches, a, kv_tokens: i
         "routes": dict(Counter(r["route"] for r in recs if r["route"])),
         "other_errors": len(other_err), "other_error_examples": [r["error"] or r["status"] for r in other_err[:3]],
         "per_sim_requests": per,
+        "turn_samples": [(r["route"], r["ttft"] * 1000, r["prompt"] or 0, r["cached"] or 0)
+                         for r in ok_turns if r["route"] and r["ttft"] is not None],
         "load_max_min": max(per) / min(per) if min(per) else math.inf,
         "load_max_mean": max(per) / mean if mean else float("nan"),
         "same_warm": same_warm, "same_turn": same_turn,
         "per_sim_hit": [s["hits"] / s["queries"] if s["queries"] else 0 for s in per_sim],
         "hot_share": sum(1 for r in recs if r["session"] == 0) / len(recs),
     }
+
+
+def by_route(samples: list[tuple]) -> dict[str, dict]:
+    """Per X-Poimen-Route value, over `samples` (route, TTFT ms, prompt
+    tokens, cached tokens) of answered turns: count, TTFT p50 / p99 / max and
+    hit rate (the usage each response reported), i.e. whether the turns a
+    policy moved paid a cold prefill where they landed."""
+    out = {}
+    for route in sorted({x[0] for x in samples}):
+        rs = [x for x in samples if x[0] == route]
+        ttft = [x[1] for x in rs]
+        prompt = sum(x[2] for x in rs)
+        out[route] = {"n": len(rs), "ttft_p50": C.pct(ttft, 50), "ttft_p99": C.pct(ttft, 99),
+                      "ttft_max": max(ttft), "hit": sum(x[3] for x in rs) / prompt if prompt else float("nan")}
+    return out
 
 
 def stickiness(recs: list[dict]) -> tuple[float, float]:
@@ -479,6 +522,11 @@ def medians(runs: dict[tuple, list[dict]]) -> dict[tuple, dict]:
 def fmt_routes(routes: dict) -> str:
     items = sorted(routes.items(), key=lambda kv: (-kv[1], kv[0]))
     return ", ".join(f"{n} {c:g}" for n, c in items) or "—"
+
+
+def fmt_by_route(by: dict) -> str:
+    return "; ".join(f"{k} {v['n']}: TTFT p50 {v['ttft_p50']:.0f} max {v['ttft_max']:.0f} ms, hit {v['hit'] * 100:.0f}%"
+                     for k, v in by.items())
 
 
 def fmt_ratio(x: float) -> str:
@@ -568,6 +616,9 @@ def main() -> int:
                     help="drop the modes whose gateway config the binary refuses instead of stopping")
     ap.add_argument("--out", default=str(C.RESULTS / "routing.md"))
     ap.add_argument("--keep-logs", action="store_true")
+    ap.add_argument("--port-seed", type=int, default=None,
+                    help="pick the sims' ports from this seed (the same splits of sessions over sims in every "
+                         "run with the same seed, e.g. to compare two binaries); default: any free ports")
     a = ap.parse_args()
 
     variants = names(a.variants, list(VARIANTS), "variants")
@@ -606,12 +657,14 @@ def main() -> int:
                 sys.exit("no mode left to run")
         total = a.reps * len(variants) * len(modes)
         done = 0
+        port_rng = random.Random(a.port_seed) if a.port_seed is not None else None
         for rep in range(a.reps):
             # The rendezvous hash ranks backends by their address text, so the
             # ports decide which sessions share a sim: the same ports for every
             # variant and mode of a repetition (few: the first 3), new ones for
             # the next repetition.
-            sim_ports = [C.free_port() for _ in range(MAX_SIMS)]
+            sim_ports = (seeded_ports(port_rng) if port_rng else
+                         [C.free_port() for _ in range(MAX_SIMS)])
             for v in variants:
                 order = modes if rep % 2 == 0 else list(reversed(modes))
                 for m in order:
@@ -623,7 +676,8 @@ def main() -> int:
                     el = time.time() - t_start
                     print(f"  [{done}/{total}, {el / 60:.1f} min, ~{el / done * (total - done) / 60:.1f} min left] "
                           f"rep {rep + 1} {v:7s} {m:14s} {run_line(r)}  per sim {r['per_sim_requests']}  "
-                          f"wall {r['wall']:.1f}s (run {r['cell_secs']:.1f}s)  other errors {r['other_errors']}",
+                          f"wall {r['wall']:.1f}s (run {r['cell_secs']:.1f}s)  other errors {r['other_errors']}\n"
+                          f"    turns by route: {fmt_by_route(by_route(r['turn_samples']))}",
                           flush=True)
                     if r["other_errors"]:
                         print(f"    examples: {r['other_error_examples']}", flush=True)
@@ -740,6 +794,22 @@ def render(a, kv, base, workloads, heads, oracles, med, runs, modes, variants, r
       "past a backend over the bounded-load limit, `prefix` = a key derived from the body, `fallback` = past an "
       "excluded backend. TTFT and req/s count answered requests only, so a mode that refuses work (key-q2) "
       "looks faster than one that queues it (key): read TTFT together with the 503 column.")
+    w("")
+    w("### Where the TTFT tail comes from")
+    w("")
+    w("The answered turns of all repetitions together, by the route each was served under: how many, their "
+      "hit rate (from the `usage` each streamed response reported: `stream_options.include_usage`), and their "
+      "TTFT. A turn moved off its first choice (`balance`, `spill`) lands where its session's context is cold "
+      "unless an earlier turn of the session was moved there too.")
+    w("")
+    w("| variant | mode | route | turns | hit rate | TTFT p50 ms | TTFT p99 ms | TTFT max ms |")
+    w("|---|---|---|---:|---:|---:|---:|---:|")
+    for v in variants:
+        for m in modes:
+            pooled = by_route([x for r in runs[(v, m)] for x in r["turn_samples"]])
+            for route, b in pooled.items():
+                w(f"| {v} | {m} | {route} | {b['n']} | {b['hit'] * 100:.0f}% | {b['ttft_p50']:.0f} | "
+                  f"{b['ttft_p99']:.0f} | {b['ttft_max']:.0f} |")
     w("")
     errs = sum(r["other_errors"] for rs in runs.values() for r in rs)
     w(f"Errors other than 503 over all runs: {errs}.")

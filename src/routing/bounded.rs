@@ -1,7 +1,8 @@
 //! Consistent hashing with bounded loads (Mirrokni, Thorup, Zadimoghaddam),
 //! weighted: a keyed request takes the first backend in its ranking whose
-//! load is below its cap. While loads are even every key stays on its first
-//! choice; only a hot key's excess moves, always down the same ranking.
+//! load is below its cap (or that has a free slot, see `routing::Status`).
+//! While loads are even every key stays on its first choice; only a hot
+//! key's excess moves, always down the same ranking.
 
 /// The cap of a backend of weight `weight`:
 /// `ceil(factor * (total_load + 1) * weight / total_weight)`, where

@@ -16,7 +16,8 @@
 //! - no key otherwise: weighted round-robin (`round_robin.rs`), route
 //!   `round_robin`;
 //! - `balance_factor` set: a keyed request (not a warmup) passes over a
-//!   backend whose load is at its cap (`bounded.rs`), route `balance`;
+//!   backend whose load is at its cap and that has no free slot
+//!   (`bounded.rs`), route `balance`;
 //! - the preferred backend excluded or already tried: the next usable one in
 //!   the same order, route `fallback`;
 //! - the later candidates: route `spill`.
@@ -110,6 +111,11 @@ pub struct Status {
     pub excluded: bool,
     /// Requests holding a slot or queued for one, at this gateway.
     pub load: usize,
+    /// The slots this gateway may use on it now. Bounded load never passes
+    /// over a backend with a free slot: the request would start at once on
+    /// the GPU that holds its prefix, and a move would only buy a cold
+    /// prefill elsewhere.
+    pub slots: usize,
 }
 
 /// One backend a request may go to, and the route it is served under there.
@@ -239,7 +245,7 @@ impl Router {
     }
 
     /// The position in `order` of the first usable member below its load
-    /// cap (see `bounded.rs`).
+    /// cap (see `bounded.rs`) or with a free slot.
     fn first_under_cap(
         &self,
         factor: f64,
@@ -256,7 +262,8 @@ impl Router {
             .sum();
         (0..order.len()).find(|p| {
             let weight = self.keyed[order[*p]].1;
-            usable(*p) && states[*p].load < bounded::cap(factor, total_load, weight, total_weight)
+            let cap = bounded::cap(factor, total_load, weight, total_weight);
+            usable(*p) && states[*p].load < cap.max(states[*p].slots)
         })
     }
 }

@@ -68,6 +68,7 @@ fn an_excluded_or_tried_backend_is_passed_over_as_fallback() {
     let excluded = |a: &SocketAddr| Status {
         excluded: *a == first,
         load: 0,
+        ..Status::default()
     };
     let fb = r
         .rank(Request::new(Affinity::Key(b"k"), &[]), excluded)
@@ -111,7 +112,7 @@ fn an_excluded_or_tried_backend_is_passed_over_as_fallback() {
     assert_eq!(
         r.rank(Request::new(Affinity::Key(b"k"), &[]), |_| Status {
             excluded: true,
-            load: 0
+            ..Status::default()
         }),
         None
     );
@@ -133,6 +134,7 @@ fn round_robin_spreads_evenly_and_falls_back_in_turn() {
         .rank(Request::new(Affinity::None, &[]), |a| Status {
             excluded: *a == turn,
             load: 0,
+            ..Status::default()
         })
         .unwrap();
     assert_eq!(c[0].route, Route::Fallback);
@@ -164,9 +166,9 @@ fn bounded(n: u16, factor: f64) -> Router {
 }
 
 /// Route `n` requests of `key` in a row, each adding to the load of the
-/// backend it lands on; returns (backend position in the key's ranking,
-/// route) per request.
-fn pile(r: &Router, key: &[u8], n: usize) -> Vec<(usize, Route)> {
+/// backend it lands on, every backend having `slots` slots; returns
+/// (backend position in the key's ranking, route) per request.
+fn pile(r: &Router, key: &[u8], n: usize, slots: usize) -> Vec<(usize, Route)> {
     let ranking: Vec<SocketAddr> = r
         .rank(Request::new(Affinity::Key(key), &[]), idle)
         .unwrap()
@@ -180,6 +182,7 @@ fn pile(r: &Router, key: &[u8], n: usize) -> Vec<(usize, Route)> {
                 .rank(Request::new(Affinity::Key(key), &[]), |a| Status {
                     excluded: false,
                     load: load.get(a).copied().unwrap_or(0),
+                    slots,
                 })
                 .unwrap()[0];
             *load.entry(c.addr).or_default() += 1;
@@ -195,7 +198,7 @@ fn a_hot_keys_excess_moves_down_its_ranking() {
     // Caps with 3 backends at factor 1.25: L=0 -> 1, L=1 -> 1, L=2 -> 2,
     // L=3 -> 2, L=4 -> 3, L=5 -> 3, L=6 -> 3.
     assert_eq!(
-        pile(&r, b"hot", 7),
+        pile(&r, b"hot", 7, 0),
         [
             (0, Hash),
             (1, Balance),
@@ -206,6 +209,31 @@ fn a_hot_keys_excess_moves_down_its_ranking() {
             (2, Balance)
         ]
     );
+}
+
+#[test]
+fn a_backend_with_a_free_slot_is_never_passed_over() {
+    use Route::{Balance, Hash};
+    let r = bounded(3, 1.25);
+    // Same caps as above, but a backend below its 2 slots keeps the key:
+    // the second request stays (cap 1, a slot free), the third moves (cap
+    // 2, slots full), the fifth stays (cap 3).
+    assert_eq!(
+        pile(&r, b"hot", 7, 2),
+        [
+            (0, Hash),
+            (0, Hash),
+            (1, Balance),
+            (1, Balance),
+            (0, Hash),
+            (1, Balance),
+            (2, Balance)
+        ]
+    );
+    // 4 slots: the owner takes 4 before anything moves.
+    let piled = pile(&r, b"hot", 6, 4);
+    assert_eq!(piled[..4], [(0, Hash); 4]);
+    assert_eq!(piled[4..], [(1, Balance); 2]);
 }
 
 #[test]
@@ -230,6 +258,7 @@ fn other_keys_stay_put_while_a_hot_key_spreads() {
     let loaded = |a: &SocketAddr| Status {
         excluded: false,
         load: if *a == hot || *a == runner_up { 2 } else { 0 },
+        ..Status::default()
     };
     for k in 0..200 {
         let key = format!("cold-{k}");
@@ -254,6 +283,7 @@ fn an_excluded_backend_leaves_the_weight_sum_and_counts_as_fallback() {
     let status = |a: &SocketAddr| Status {
         excluded: *a == order[0],
         load: if *a == order[1] { 2 } else { 0 },
+        ..Status::default()
     };
     let c = r
         .rank(Request::new(Affinity::Key(b"k"), &[]), status)
@@ -263,6 +293,7 @@ fn an_excluded_backend_leaves_the_weight_sum_and_counts_as_fallback() {
     let status = |a: &SocketAddr| Status {
         excluded: *a == order[0],
         load: usize::from(*a == order[1]),
+        ..Status::default()
     };
     let c = r
         .rank(Request::new(Affinity::Key(b"k"), &[]), status)
@@ -276,6 +307,7 @@ fn keyless_requests_are_not_bounded_and_derived_keys_route_as_prefix() {
     let busy = |_: &SocketAddr| Status {
         excluded: false,
         load: 100,
+        ..Status::default()
     };
     assert_eq!(
         r.rank(Request::new(Affinity::None, &[]), busy).unwrap()[0].route,
@@ -304,6 +336,7 @@ fn a_warmup_is_never_diverted_for_balance() {
     let busy = |a: &SocketAddr| Status {
         excluded: false,
         load: if *a == owner { 5 } else { 0 },
+        ..Status::default()
     };
     let agent = r
         .rank(Request::new(Affinity::Key(b"k"), &[]), busy)
