@@ -239,3 +239,95 @@ async fn client_errors_are_openai_shaped() {
     assert_eq!(ok.status(), 200);
     assert_eq!(b.seen()[0].path, "/v1/completions");
 }
+
+/// How sending a body ended.
+#[derive(Debug, PartialEq)]
+enum Sent {
+    /// Every byte written.
+    All,
+    /// A write failed: the gateway closed the connection.
+    Cut,
+    /// Still sending at the deadline.
+    Deadline,
+}
+
+/// Sends `head` (a request with a chunked body), then 64 KiB chunks:
+/// `chunks` of them and the last chunk, or without end when `None`, for at
+/// most `deadline`, reading the answer meanwhile. Returns the answer's
+/// status line and how sending ended.
+async fn send_body(
+    addr: SocketAddr,
+    head: String,
+    chunks: Option<usize>,
+    deadline: Duration,
+) -> (String, Sent) {
+    use tokio::io::AsyncWriteExt;
+    let (mut rx, mut tx) = tokio::net::TcpStream::connect(addr)
+        .await
+        .unwrap()
+        .into_split();
+    let reader = tokio::spawn(async move {
+        let mut answer = Vec::new();
+        let _ = rx.read_to_end(&mut answer).await;
+        let answer = String::from_utf8_lossy(&answer).into_owned();
+        answer.lines().next().unwrap_or_default().to_string()
+    });
+    let chunk = [b"10000\r\n".as_slice(), &[b'x'; 0x10000], b"\r\n"].concat();
+    let writes = async {
+        tx.write_all(head.as_bytes()).await?;
+        for _ in 0..chunks.unwrap_or(usize::MAX) {
+            tx.write_all(&chunk).await?;
+        }
+        tx.write_all(b"0\r\n\r\n").await
+    };
+    let sent = match tokio::time::timeout(deadline, writes).await {
+        Ok(Ok(())) => Sent::All,
+        Ok(Err(_)) => Sent::Cut,
+        Err(_) => Sent::Deadline,
+    };
+    // The answer is complete once the gateway closes or, on a kept
+    // connection, once this side stops reading: end both.
+    let _ = tx.shutdown().await;
+    drop(tx);
+    let line = tokio::time::timeout(Duration::from_secs(10), reader).await;
+    (line.map(|l| l.unwrap()).unwrap_or_default(), sent)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_refused_body_is_read_to_its_end_or_for_at_most_5_s() {
+    let b = FakeBackend::start().await;
+    let dir = crate::support::gateway::temp_dir();
+    let keys = dir.join("keys");
+    std::fs::write(&keys, "client-key-1\n").unwrap();
+    let gw = Gateway::start(&format!(
+        "  max_request_body_bytes: 1048576\n  auth: {{api_keys_file: \"{}\"}}\n{}",
+        keys.display(),
+        one_model("m", &[b.addr])
+    ))
+    .await;
+    let head = |auth: &str| {
+        format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\n{auth}\
+             Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+        )
+    };
+    let deadline = Duration::from_secs(60);
+    // Without a valid key (401: the body is never looked at) and with one,
+    // over the body limit (413).
+    for (auth, status) in [
+        ("", "401"),
+        ("Authorization: Bearer client-key-1\r\n", "413"),
+    ] {
+        // 32 MiB, sent whole before the client would read (as curl -T
+        // does): every byte is taken, and the answer is there to read.
+        let (line, sent) = send_body(gw.addr, head(auth), Some(512), deadline).await;
+        assert_eq!(sent, Sent::All, "{status}: {line:?}");
+        assert!(line.contains(status), "{status}: {line:?}");
+        // A body without end: answered, then cut off after 5 s, long before
+        // the deadline.
+        let (line, sent) = send_body(gw.addr, head(auth), None, deadline).await;
+        assert_eq!(sent, Sent::Cut, "{status}: {line:?}");
+        assert!(line.contains(status), "{status}: {line:?}");
+    }
+    assert_eq!(b.count(), 0);
+}

@@ -55,6 +55,10 @@ use crate::routing::{Affinity, Candidate, Request};
 use endpoints::Endpoint;
 use respond::{respond, respond_json, Stop};
 
+/// How long the rest of a refused body is read and discarded after the
+/// answer; a client that is still sending then is cut off.
+const REFUSED_BODY_DRAIN: Duration = Duration::from_secs(5);
+
 pub struct Gateway {
     config: Arc<GatewayConfig>,
     pools: HashMap<String, Arc<ModelPool>>,
@@ -311,6 +315,15 @@ impl ProxyHttp for Gateway {
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
         ctx.started = Some(Instant::now());
+        // An answer given before the body was read whole (401, 413, ...):
+        // Pingora would close the connection with the rest of the body
+        // unread, which resets it, and a client still sending (curl -T, any
+        // client that writes its whole body before reading) gets a reset
+        // instead of the answer. Keep the connection: the rest is read and
+        // discarded before the next request, within a bound.
+        let downstream = &mut session.downstream_session;
+        downstream.set_close_on_response_before_downstream_finish(false);
+        downstream.set_total_drain_timeout(Some(REFUSED_BODY_DRAIN));
         let req = session.req_header();
         let endpoint = endpoints::classify(&req.method, req.uri.path());
         if endpoint != Endpoint::Health {
