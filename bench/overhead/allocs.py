@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """Heap allocations per request, for bench/results/overhead-analysis.md:
 starts the same fake backends as run.py (one nginx, 4 ports) and one proxy
-at a time (pingora-bare, gateway-quiet, gateway; 1 worker thread), warms it
-up, attaches heaptrack for a wrk run (chat.lua, 32 connections), and divides
-the allocation calls heaptrack saw by the requests completed meanwhile.
-heaptrack slows the proxy down a lot; the count per request, not the rate,
-is the point. Needs heaptrack (bash bench/setup.sh --profile).
+at a time (pingora-bare, pingora-read, pingora-timeouts, pingora-body,
+gateway-quiet, gateway; 1 worker thread), warms it up, attaches heaptrack
+for a wrk run (chat.lua, 32 connections), and divides the allocation calls
+heaptrack saw by the requests completed meanwhile. heaptrack slows the
+proxy down a lot; the count per request, not the rate, is the point. Needs
+heaptrack (bash bench/setup.sh --profile).
 
-  python3 bench/overhead/allocs.py [pingora-bare gateway-quiet gateway]
+  python3 bench/overhead/allocs.py [TARGET...]   (default: all of them)
 """
 
 from __future__ import annotations
@@ -24,13 +25,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common as C  # noqa: E402
 import run as R  # noqa: E402
 
-TARGETS = ["pingora-bare", "gateway-quiet", "gateway"]
+TARGETS = ["pingora-bare", "pingora-read", "pingora-timeouts", "pingora-body", "gateway-quiet", "gateway"]
 
 
 def start(which: str, procs: C.Procs, bins: Path, wd: Path, port: int, backends: list[int]):
-    if which == "pingora-bare":
+    if which in R.BAREBONES:
         bare = R.baseline_bin(bins)
-        p = procs.start("bare", [str(bare), f"127.0.0.1:{port}", "1"] + [f"127.0.0.1:{x}" for x in backends])
+        p = procs.start(which, [str(bare), f"127.0.0.1:{port}", "1", *R.BAREBONES[which]]
+                        + [f"127.0.0.1:{x}" for x in backends])
         C.wait_port(port, proc=p)
         return p
     cfg = C.gateway_yaml(wd, which, port, C.free_port(),

@@ -112,6 +112,19 @@ def main() -> int:
             out["perf_by_crate"] = {k: round(v, 1) for k, v in agg.most_common(16)}
             out["perf_top_symbols"] = top
             print("  perf samples by crate:", out["perf_by_crate"], flush=True)
+            # Inclusive shares (callees counted) of the gateway's own steps.
+            rep = subprocess.run(["perf", "report", "-i", str(data), "--children", "--sort", "symbol",
+                                  "-g", "none", "--percent-limit", "0.1"], capture_output=True, text=True).stdout
+            steps = {}
+            for line in rep.splitlines():
+                m = re.match(r"\s*([\d.]+)%\s+[\d.]+%\s+\[.\]\s+(.*)", line)
+                if m and m.group(2).startswith("poimen_gateway::") and m.group(2) not in steps:
+                    steps[m.group(2).strip()[:120]] = float(m.group(1))
+            out["perf_gateway_inclusive"] = dict(list(steps.items())[:20])
+            if steps:
+                print("  the gateway's own steps, inclusive % of samples:", flush=True)
+                for sym, pct in out["perf_gateway_inclusive"].items():
+                    print(f"    {pct:5.2f}%  {sym}", flush=True)
             time.sleep(1)
 
         if shutil.which("strace") and shutil.which("curl"):

@@ -9,7 +9,8 @@ Parts (all on 127.0.0.1, every process started here is stopped at the end):
      "model" last, 64 keys in each target's key header: X-Poimen-Cache-Key,
      or X-Session-Id for vllm-router, X-SMG-Routing-Key for sglang-router)
      for DURATION s per round, ROUNDS rounds x {direct, nginx, gateway,
-     gateway-quiet, gateway-steal, pingora-bare, vllm-router, sglang-router}
+     gateway-quiet, gateway-steal, pingora-bare, pingora-read,
+     pingora-timeouts, pingora-body, vllm-router, sglang-router}
      (--targets picks some; direct and nginx are always measured, as the
      references); backends: one nginx (1 worker) answering a fixed
      chat-completion JSON on 4 ports.
@@ -58,7 +59,12 @@ ROUTERS = {
     "vllm-router": {"dist": "vllm-router", "policy": "consistent_hash", "header": "X-Session-Id"},
     "sglang-router": {"dist": "sglang-router", "policy": "manual", "header": "X-SMG-Routing-Key"},
 }
-ALL_TARGETS = ("direct", "nginx") + GATEWAYS + ("pingora-bare",) + tuple(ROUTERS)
+# pingora-bare plus, one by one, the body read, the peer's timeouts and two
+# response headers: what any model router on Pingora needs, without the
+# gateway's policy (pingora-baseline/src/main.rs).
+BAREBONES = {"pingora-bare": [], "pingora-read": ["--read"], "pingora-timeouts": ["--read", "--timeouts"],
+             "pingora-body": ["--body"]}
+ALL_TARGETS = ("direct", "nginx") + GATEWAYS + tuple(BAREBONES) + tuple(ROUTERS)
 
 FAKE_BODY = ('{"id":"chatcmpl-bench","object":"chat.completion","created":1700000000,'
              '"model":"bench-model","choices":[{"index":0,"message":{"role":"assistant",'
@@ -177,10 +183,9 @@ def proxy_conf(wd: Path, workers: int, port: int, backend_ports: list[int],
 
 def baseline_bin(bins: Path) -> Path | None:
     """bench/overhead/pingora-baseline, built into the same target dir as the
-    gateway (cargo build --release --manifest-path ...) when missing."""
+    gateway (cargo build --release --manifest-path ...; a no-op when it is
+    up to date, so a binary older than its source is never measured)."""
     b = bins / "pingora-baseline"
-    if b.exists():
-        return b
     env = dict(os.environ)
     if bins.name == "release":
         env["CARGO_TARGET_DIR"] = str(bins.parent)
@@ -492,14 +497,15 @@ def main() -> int:
     ap.add_argument("--targets", default=",".join(ALL_TARGETS),
                     help="comma-separated rows to measure, of: " + ", ".join(ALL_TARGETS) +
                     " (direct and nginx are always measured: the other rows are compared with them)")
-    ap.add_argument("--no-baseline", action="store_true", help="skip the bare Pingora proxy (pingora-bare)")
+    ap.add_argument("--no-baseline", action="store_true",
+                    help="skip the bare Pingora proxies (" + ", ".join(BAREBONES) + ")")
     ap.add_argument("--keep-logs", action="store_true")
     a = ap.parse_args()
     chosen = {n.strip() for n in a.targets.split(",") if n.strip()}
     if chosen - set(ALL_TARGETS):
         ap.error(f"unknown targets {', '.join(sorted(chosen - set(ALL_TARGETS)))}; known: {', '.join(ALL_TARGETS)}")
     if a.no_baseline:
-        chosen.discard("pingora-bare")
+        chosen -= set(BAREBONES)
     chosen |= {"direct", "nginx"}
     a.targets = [n for n in ALL_TARGETS if n in chosen]
 
@@ -510,9 +516,9 @@ def main() -> int:
     for name in ROUTERS:
         if name in chosen and not (venv / "bin" / name).exists():
             sys.exit(f"{venv / 'bin' / name} missing: run bash bench/setup.sh (or leave {name} out of --targets)")
-    # the Rust binaries only for the gateway rows (and vllm-sim for SSE/RSS) and pingora-bare
+    # the Rust binaries only for the gateway rows (and vllm-sim for SSE/RSS) and the bare proxies
     with_gateway = "gateway" in chosen
-    bins = C.bin_dir() if chosen & {*GATEWAYS, "pingora-bare"} else None
+    bins = C.bin_dir() if chosen & {*GATEWAYS, *BAREBONES} else None
     sse_on = with_gateway and a.sse_rounds > 0
     rss_on = with_gateway and a.streams > 0
     t_start = time.time()
@@ -552,13 +558,14 @@ def main() -> int:
             {"name": "direct", "port": fake_ports[0], "pid": backends.pid},
             {"name": "nginx", "port": proxy_port, "pid": proxy.pid},
         ] + [{"name": name, "port": port, "pid": p.pid} for name, (p, port, _) in gateways.items()]
-        bb = baseline_bin(bins) if "pingora-bare" in chosen else None
-        if bb:
-            bare_port = C.free_port()
-            bare = procs.start("pingora-bare", [str(bb), f"127.0.0.1:{bare_port}", str(T)]
-                               + [f"127.0.0.1:{p}" for p in fake_ports])
-            C.wait_port(bare_port, proc=bare)
-            targets.append({"name": "pingora-bare", "port": bare_port, "pid": bare.pid})
+        bb = baseline_bin(bins) if chosen & set(BAREBONES) else None
+        for name, flags in BAREBONES.items():
+            if name in chosen:
+                bare_port = C.free_port()
+                bare = procs.start(name, [str(bb), f"127.0.0.1:{bare_port}", str(T), *flags]
+                                   + [f"127.0.0.1:{p}" for p in fake_ports])
+                C.wait_port(bare_port, proc=bare)
+                targets.append({"name": name, "port": bare_port, "pid": bare.pid})
         for name in ROUTERS:
             if name in chosen:
                 port = C.free_port()
@@ -748,6 +755,17 @@ def render(a, T, targets, sat, paced, sse, rss, bins, elapsed, failures) -> str:
           f"and features, `threads: {T}`): `upstream_peer` hashes `X-Poimen-Cache-Key` over the 4 backends, the "
           "body streams through, no body read before routing, no admission, accounting, metrics or logging. "
           "The floor under the gateway: gateway − pingora-bare = what the gateway's own work costs.")
+    if "pingora-read" in sat:
+        w("- `pingora-read`: the same binary with `--read`: the body read whole, `model` found in it and the body "
+          "forwarded, as in `pingora-body` below, without its timeouts and headers.")
+    if "pingora-timeouts" in sat:
+        w("- `pingora-timeouts`: `--read --timeouts`: also the peer's connect and read timeouts.")
+    if "pingora-body" in sat:
+        w("- `pingora-body`: the same binary with `--body`: what any model router on Pingora does before its "
+          "policy, done as the gateway does it: the body read whole in `request_filter` and `model` found in it "
+          "(serde_json), the body forwarded from `request_body_filter` (the gateway's patched pingora-proxy), "
+          "connect and read timeouts on the peer, `X-Poimen-Backend` and `X-Poimen-Route` added to the response. "
+          "gateway-quiet − pingora-body = the gateway's routing, admission, accounting and metrics.")
     if "vllm-router" in sat:
         t = by_name["vllm-router"]
         w(f"- `vllm-router`: vllm-router {t['version']} from PyPI (the vLLM project's router: Rust, axum and hyper "
