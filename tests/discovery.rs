@@ -11,6 +11,7 @@ use std::time::Duration;
 use crate::support::dns::DnsServer;
 use crate::support::gateway::{check_config, Conf};
 use crate::support::{chat, eventually, get, header, FakeBackend, Gateway};
+use hickory_proto::rr::RecordType;
 use poimen_gateway::routing::rendezvous::rank;
 
 const NAME: &str = "vllm.poimen.test";
@@ -232,6 +233,39 @@ async fn a_failing_lookup_keeps_the_last_set_counts_and_logs_once_per_change() {
         failing["field"], "gateway.models[0].addresses[0]",
         "{failing}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_query_for_one_family_keeps_that_familys_backends() {
+    let ips = [loopback(0, 31), IpAddr::V6(std::net::Ipv6Addr::LOCALHOST)];
+    let backends = backends_on(&ips).await;
+    let addrs: Vec<SocketAddr> = backends.iter().map(|b| b.addr).collect();
+    let dns = DnsServer::start().await;
+    dns.set(NAME, &ips);
+    let gw = Gateway::start(&config(&dns, addrs[0].port(), 0.5, "")).await;
+    until_members(&gw, &addrs).await;
+    let errors = || gw.metric("poimen_gateway_discovery_errors_total", &[("model", "m")]);
+    // The AAAA query fails while the A query answers, then the reverse:
+    // each round is a failed lookup, and neither family's backend leaves.
+    for (failing, other) in [(RecordType::AAAA, addrs[0]), (RecordType::A, addrs[1])] {
+        dns.servfail_to(&[failing]);
+        let before = errors().await;
+        eventually("2 failed lookups", || async {
+            errors().await >= before + 2.0
+        })
+        .await;
+        assert_eq!(members(&gw).await, addrs.iter().copied().collect());
+        let key = crate::support::key_owned_by(other, &addrs);
+        assert_eq!(
+            header(&chat(&gw, "m", Some(&key)).await, "X-Poimen-Backend"),
+            other.to_string()
+        );
+    }
+    // A name with no AAAA record at all is not a failure: NODATA is an
+    // empty family, and the IPv6 backend leaves.
+    dns.servfail_to(&[]);
+    dns.set(NAME, &ips[..1]);
+    until_members(&gw, &addrs[..1]).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

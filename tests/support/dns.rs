@@ -1,6 +1,7 @@
 //! A DNS server on 127.0.0.1 (UDP) for the tests: it answers A and AAAA
 //! queries from a table the test changes while it runs, NXDOMAIN for a
-//! name it does not know, SERVFAIL to everything when told, and can stop.
+//! name it does not know, SERVFAIL to every query (or to those of one type)
+//! when told, and can stop.
 //! Answers carry TTL 0, so every lookup reaches it.
 
 use std::collections::HashMap;
@@ -17,7 +18,8 @@ use tokio::task::JoinHandle;
 struct State {
     /// Lower-case names without the final dot.
     names: HashMap<String, Vec<IpAddr>>,
-    servfail: bool,
+    /// The query types answered SERVFAIL.
+    servfail: Vec<RecordType>,
 }
 
 pub struct DnsServer {
@@ -52,7 +54,16 @@ impl DnsServer {
 
     /// Answer SERVFAIL to every query (or stop doing so).
     pub fn servfail(&self, on: bool) {
-        self.state.lock().unwrap().servfail = on;
+        self.servfail_to(if on {
+            &[RecordType::A, RecordType::AAAA]
+        } else {
+            &[]
+        });
+    }
+
+    /// Answer SERVFAIL to the queries of these types only.
+    pub fn servfail_to(&self, types: &[RecordType]) {
+        self.state.lock().unwrap().servfail = types.to_vec();
     }
 
     /// Stop answering: the socket is closed.
@@ -94,7 +105,11 @@ fn answer(query: &Message, st: &State) -> Message {
     reply.metadata.recursion_desired = query.metadata.recursion_desired;
     reply.metadata.recursion_available = true;
     reply.add_queries(query.queries.iter().cloned());
-    if st.servfail {
+    if query
+        .queries
+        .iter()
+        .any(|q| st.servfail.contains(&q.query_type()))
+    {
         reply.metadata.response_code = ResponseCode::ServFail;
         return reply;
     }
