@@ -51,10 +51,15 @@ pub struct ModelPool {
 pub struct Members {
     router: Router,
     exclusions: Arc<Exclusions>,
-    admissions: HashMap<SocketAddr, Arc<Admission>>,
-    /// The backends reached over TLS.
-    tls: HashMap<SocketAddr, BackendTls>,
-    series: HashMap<SocketAddr, Arc<metrics::BackendSeries>>,
+    backends: HashMap<SocketAddr, Member>,
+}
+
+/// One backend's state in a set.
+struct Member {
+    admission: Arc<Admission>,
+    series: Arc<metrics::BackendSeries>,
+    /// Reached over TLS.
+    tls: Option<BackendTls>,
 }
 
 impl Members {
@@ -64,12 +69,15 @@ impl Members {
     pub fn candidates(&self, req: Request, now: Instant) -> Result<Vec<Candidate>, Duration> {
         // The health check's verdict is not used to exclude: a slow /health
         // on a busy backend must not take it out. Only real failures do.
+        // The slot limit only matters to bounded load (and takes a lock
+        // when load feedback moves it).
+        let bounded = self.router.bounded();
         let status = |addr: &SocketAddr| {
-            let admission = self.admissions.get(addr);
+            let admission = self.admission(addr);
             Status {
                 excluded: self.exclusions.is_excluded(addr, now),
                 load: admission.map_or(0, |a| a.load()),
-                slots: admission.map_or(0, |a| a.slot_limit()),
+                slots: admission.filter(|_| bounded).map_or(0, |a| a.slot_limit()),
             }
         };
         self.router
@@ -79,12 +87,12 @@ impl Members {
 
     /// The admission of one of these backends.
     pub fn admission(&self, addr: &SocketAddr) -> Option<&Arc<Admission>> {
-        self.admissions.get(addr)
+        self.backends.get(addr).map(|b| &b.admission)
     }
 
     /// The series and labels of one of these backends.
     pub fn series(&self, addr: &SocketAddr) -> Option<&metrics::BackendSeries> {
-        self.series.get(addr).map(|s| &**s)
+        self.backends.get(addr).map(|b| &*b.series)
     }
 
     /// The exclusion state of these backends.
@@ -94,7 +102,7 @@ impl Members {
 
     /// How to connect to one of these backends.
     pub fn peer(&self, addr: SocketAddr) -> HttpPeer {
-        tls::backend_peer(addr, self.tls.get(&addr))
+        tls::backend_peer(addr, self.backends.get(&addr).and_then(|b| b.tls.as_ref()))
     }
 
     /// The backends, in address order.
@@ -133,9 +141,7 @@ impl ModelPool {
         let members = Arc::new(ArcSwap::from_pointee(Members {
             router: Router::new(&model.policy, []),
             exclusions: Arc::new(Exclusions::new(&[], window)),
-            admissions: HashMap::new(),
-            tls: HashMap::new(),
-            series: HashMap::new(),
+            backends: HashMap::new(),
         }));
         let registry = Arc::new(HealthRegistry::new());
         let service = health.map(|hc| {
@@ -196,7 +202,7 @@ impl ModelPool {
         let members = self.members.clone();
         Arc::new(move |_| {
             let m = members.load();
-            let limit = |a: &SocketAddr| Some(m.admissions.get(a)?.slot_limit() as i64);
+            let limit = |a: &SocketAddr| Some(m.admission(a)?.slot_limit() as i64);
             m.addrs()
                 .iter()
                 .filter_map(|a| Some((*a, limit(a)?)))
@@ -241,42 +247,37 @@ impl ModelPool {
         let old = self.members.load_full();
         let change = diff(old.addrs(), &addrs);
         let mut retired = self.retired.lock().unwrap_or_else(|e| e.into_inner());
-        let admissions = addrs
+        let backends = set
             .iter()
-            .map(|a| {
-                let admission = old.admissions.get(a).cloned().or_else(|| {
+            .filter_map(|b| {
+                let a = b.as_inet()?;
+                let admission = old.admission(a).cloned().or_else(|| {
                     let i = retired.iter().position(|(r, _)| r == a)?;
                     Some(retired.swap_remove(i).1)
                 });
-                (*a, admission.unwrap_or_else(|| self.admission(a)))
+                // Those that stay keep their series; a backend back before
+                // its old series were removed finds them again.
+                let series = old.backends.get(a).map(|o| o.series.clone());
+                let member = Member {
+                    admission: admission.unwrap_or_else(|| self.admission(a)),
+                    series: series
+                        .unwrap_or_else(|| Arc::new(metrics::BackendSeries::new(&self.name, a))),
+                    tls: b.ext.get::<BackendTls>().cloned(),
+                };
+                Some((*a, member))
             })
             .collect();
         retired.extend(
             change
                 .removed
                 .iter()
-                .filter_map(|a| Some((*a, old.admissions.get(a)?.clone()))),
+                .filter_map(|a| Some((*a, old.admission(a)?.clone()))),
         );
         drop(retired);
         self.members.store(Arc::new(Members {
             router: Router::new(&self.policy, listed),
             exclusions: Arc::new(old.exclusions.carried_to(&addrs)),
-            admissions,
-            // Those that stay keep theirs; a backend back before its old
-            // series were removed finds them again.
-            series: addrs
-                .iter()
-                .map(|a| {
-                    let series = old.series.get(a).cloned();
-                    let series = series
-                        .unwrap_or_else(|| Arc::new(metrics::BackendSeries::new(&self.name, a)));
-                    (*a, series)
-                })
-                .collect(),
-            tls: set
-                .iter()
-                .filter_map(|b| Some((*b.as_inet()?, b.ext.get::<BackendTls>()?.clone())))
-                .collect(),
+            backends,
         }));
         change
     }

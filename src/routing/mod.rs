@@ -190,6 +190,11 @@ impl Router {
         }
     }
 
+    /// Whether keyed requests are bounded by load (`balance_factor`).
+    pub fn bounded(&self) -> bool {
+        self.balance_factor.is_some()
+    }
+
     /// The members, in address order.
     pub fn addrs(&self) -> &[SocketAddr] {
         &self.addrs
