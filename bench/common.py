@@ -331,6 +331,12 @@ def prom_values(text: str, name: str) -> float:
     return total
 
 
+def cached_tokens(usage: dict) -> int | None:
+    """`usage.prompt_tokens_details.cached_tokens` of an OpenAI-style
+    response's usage (None when it is not there)."""
+    return (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+
+
 # --------------------------------------------------------------------------
 # workload text
 

@@ -64,9 +64,7 @@ def main() -> int:
     C.signals_raise()
     C.raise_nofile()
     bins = C.bin_dir()
-    wd = C.workdir("allocs")
-    procs = C.Procs(wd)
-    try:
+    with C.bench_run("allocs", False) as (wd, procs):
         fp = [C.free_port() for _ in range(4)]
         R.start_nginx(procs, "backends", R.backends_conf(wd, fp), fp[-1])
         for name in which:
@@ -77,9 +75,6 @@ def main() -> int:
             print(f"{name}: {calls / requests:.1f} allocations per request "
                   f"({calls} calls, {requests} requests)", flush=True)
         return 0
-    finally:
-        procs.stop_all()
-        subprocess.run(["rm", "-rf", str(wd)])
 
 
 if __name__ == "__main__":

@@ -54,10 +54,8 @@ def main() -> int:
     C.signals_raise()
     C.raise_nofile()
     bins = C.bin_dir()
-    wd = C.workdir("profile")
-    procs = C.Procs(wd)
     out = {"proxy": which}
-    try:
+    with C.bench_run("profile", False) as (wd, procs):
         fp = [C.free_port() for _ in range(4)]
         be = R.start_nginx(procs, "backends", R.backends_conf(wd, fp), fp[-1])
         port = C.free_port()
@@ -147,9 +145,6 @@ def main() -> int:
             print("  the syscalls of the last request:", *out["one_request_syscalls"], sep="\n    ", flush=True)
         print("JSON " + json.dumps(out))
         return 0
-    finally:
-        procs.stop_all()
-        subprocess.run(["rm", "-rf", str(wd)])
 
 
 if __name__ == "__main__":

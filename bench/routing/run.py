@@ -293,7 +293,7 @@ async def run_workload(port: int, branches: list[dict], send_key: bool, concurre
                         usage = ev.get("usage") or {}
                         if "prompt_tokens" in usage:
                             rec["prompt"] = usage["prompt_tokens"]
-                            rec["cached"] = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+                            rec["cached"] = C.cached_tokens(usage)
                         for ch in ev.get("choices", []):
                             c = (ch.get("delta") or {}).get("content")
                             if c:

@@ -176,7 +176,7 @@ async def run_workload(port: int, sessions: list[dict], send_key: bool, a) -> di
                 elif warm:
                     usage = (await r.json()).get("usage") or {}
                     rec["prompt_tokens"] = usage.get("prompt_tokens")
-                    rec["cached_tokens"] = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+                    rec["cached_tokens"] = C.cached_tokens(usage)
                 else:
                     async for line in r.content:
                         if not line.startswith(b"data: {"):
@@ -185,7 +185,7 @@ async def run_workload(port: int, sessions: list[dict], send_key: bool, a) -> di
                         usage = ev.get("usage")
                         if usage:
                             rec["prompt_tokens"] = usage.get("prompt_tokens")
-                            rec["cached_tokens"] = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+                            rec["cached_tokens"] = C.cached_tokens(usage)
         except Exception as e:  # noqa: BLE001
             rec["error"] = repr(e)
         rec["secs"] = time.perf_counter() - rec["t0"]
@@ -336,7 +336,7 @@ def replay(ports: list[int], real_recs: list[dict], sessions: list[dict], a) -> 
             usage = json.loads(resp.read()).get("usage") or {}
         out.append({"session": r["session"], "kind": r["kind"], "backend": r["backend"],
                     "prompt_tokens": usage.get("prompt_tokens"),
-                    "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens")})
+                    "cached_tokens": C.cached_tokens(usage)})
     after = counters(ports)
     return {"records": out, "engine_hits": sum(c["hits"] for c in after.values()),
             "engine_queries": sum(c["queries"] for c in after.values())}
@@ -364,7 +364,7 @@ def probes(port: int, a) -> list[dict]:
                 usage = json.loads(resp.read()).get("usage") or {}
             got.append(usage)
         out.append({"name": name, "bytes": nbytes, "prompt_tokens": got[1].get("prompt_tokens"),
-                    "cached_tokens": (got[1].get("prompt_tokens_details") or {}).get("cached_tokens")})
+                    "cached_tokens": C.cached_tokens(got[1])})
     return out
 
 
