@@ -28,6 +28,7 @@ use crate::discovery::Discovery;
 use crate::exclusion::{CurrentExclusions, Exclusions};
 use crate::health::RestoreOnHealthy;
 use crate::metrics;
+use crate::routing::moves::Moves;
 use crate::routing::{Candidate, Policy, Request, Router, Status};
 use crate::tls::{self, BackendTls};
 
@@ -44,6 +45,8 @@ pub struct ModelPool {
     /// Backends that left the set, until no request holds their admission.
     retired: Mutex<Vec<(SocketAddr, Arc<Admission>)>>,
     pub series: metrics::ModelSeries,
+    /// Where bounded load moved conversations; kept across backend sets.
+    pub moves: Moves,
 }
 
 /// One backend set and the state routing reads: replaced whole when the
@@ -164,6 +167,7 @@ impl ModelPool {
             members,
             retired: Mutex::default(),
             series: metrics::ModelSeries::new(&model.name),
+            moves: Moves::default(),
         };
         pool.first_update();
         (pool, service)

@@ -166,6 +166,94 @@ async fn with_no_load_two_bounded_gateways_agree_on_every_key() {
     }
 }
 
+/// Turn `n` of conversation `c` (see `turn`) under `X-Poimen-Cache-Key: key`.
+async fn keyed_turn(gw: &Gateway, key: &str, c: usize, n: usize) -> reqwest::Response {
+    client()
+        .post(gw.url("/v1/chat/completions"))
+        .header("X-Poimen-Cache-Key", key)
+        .body(turn(c, n).to_string())
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_moved_conversation_stays_where_it_was_moved_other_ones_do_not() {
+    let bs = Arc::new(backends(3, Duration::from_millis(1000)).await);
+    let gw = Arc::new(Gateway::start(&config_with_slots("{balance_factor: 1.25}", 1, &bs)).await);
+    let hot = ranking("agent", &bs);
+    // Two conversations of one key at once: the second finds the owner's
+    // one slot taken and its cap (1) reached, and moves to the runner-up.
+    let first = {
+        let gw = gw.clone();
+        tokio::spawn(async move { keyed_turn(&gw, "agent", 0, 0).await })
+    };
+    eventually("the first in flight", || async { inflight(&bs) == 1 }).await;
+    let second = keyed_turn(&gw, "agent", 1, 0).await;
+    served(&second, "balance", &hot[1], "conversation 1, turn 0");
+    served(
+        &first.await.unwrap(),
+        "hash",
+        &hot[0],
+        "conversation 0, turn 0",
+    );
+    // No load now. Conversation 1 goes on where its context is, the other
+    // conversations of the key (old or new) on the key's first choice.
+    for b in bs.iter() {
+        b.set_delay(Duration::ZERO);
+    }
+    for n in 1..4 {
+        let what = format!("conversation 1, turn {n}");
+        served(
+            &keyed_turn(&gw, "agent", 1, n).await,
+            "balance",
+            &hot[1],
+            &what,
+        );
+        let what = format!("conversation 0, turn {n}");
+        served(
+            &keyed_turn(&gw, "agent", 0, n).await,
+            "hash",
+            &hot[0],
+            &what,
+        );
+    }
+    served(
+        &keyed_turn(&gw, "agent", 2, 0).await,
+        "hash",
+        &hot[0],
+        "conversation 2",
+    );
+    assert_eq!(bs.iter().map(|b| b.count()).sum::<usize>(), 9);
+    let labels = [
+        ("model", "m"),
+        ("route", "balance"),
+        ("code", "200"),
+        ("backend", hot[1].as_str()),
+    ];
+    assert_eq!(
+        gw.metric("poimen_gateway_requests_total", &labels).await,
+        4.0
+    );
+    eventually("9 lines", || async { gw.cache_lines().len() == 9 }).await;
+    let moved: Vec<_> = gw
+        .cache_lines()
+        .into_iter()
+        .filter(|l| l["route"] == "balance")
+        .collect();
+    assert_eq!(moved.len(), 4);
+    assert!(moved.iter().all(|l| l["backend"] == hot[1].as_str()));
+    // Another gateway with the same configuration and no load sends it to
+    // the key's first choice: the move is this gateway's own.
+    let other = Gateway::start(&config_with_slots("{balance_factor: 1.25}", 1, &bs)).await;
+    served(
+        &keyed_turn(&other, "agent", 1, 4).await,
+        "hash",
+        &hot[0],
+        "elsewhere",
+    );
+}
+
 /// Turn `n` of conversation `c`: a shared system prompt, the conversation's
 /// first question, then `n` answers and follow-ups.
 fn turn(c: usize, n: usize) -> serde_json::Value {

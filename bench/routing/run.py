@@ -51,13 +51,14 @@ max_num_seqs 4 (= the sims' --max-num-seqs) in all; see MODES):
   key             X-Poimen-Cache-Key = session id: rendezvous; max_queue_depth 20
   key-q2          the same keys, max_queue_depth 2, overflow reject
   spill-q2        the same keys, max_queue_depth 2, scheduler.overflow: spill
+  bounded-1.2     the same keys, max_queue_depth 20, routing.balance_factor 1.2
   bounded-1.25    the same keys, max_queue_depth 20, routing.balance_factor 1.25
   bounded-1.5     the same keys, max_queue_depth 20, routing.balance_factor 1.5
   prefix          no header, routing.keyless: prefix; max_queue_depth 20
-  prefix-bounded  no header, routing.keyless: prefix, balance_factor 1.25
+  prefix-bounded  no header, routing.keyless: prefix, balance_factor 1.2
   system          no header, routing.keyless: system (the key covers the
                   messages before the first user one: the system message)
-  system-bounded  no header, routing.keyless: system, balance_factor 1.5
+  system-bounded  no header, routing.keyless: system, balance_factor 1.2
 key-q2 and spill-q2 differ only in `overflow`: a hot backend's overflow gets
 503 in one and goes to the next backend in the key's ranking in the other.
 Before any run every mode's gateway config is checked (`poimen-gateway -t`);
@@ -333,14 +334,15 @@ MODES = {
     "key": {"key": True, "queue": "large", "overflow": "reject", "routing": None},
     "key-q2": {"key": True, "queue": "small", "overflow": "reject", "routing": None},
     "spill-q2": {"key": True, "queue": "small", "overflow": "spill", "routing": None},
+    "bounded-1.2": {"key": True, "queue": "large", "overflow": "reject", "routing": {"balance_factor": 1.2}},
     "bounded-1.25": {"key": True, "queue": "large", "overflow": "reject", "routing": {"balance_factor": 1.25}},
     "bounded-1.5": {"key": True, "queue": "large", "overflow": "reject", "routing": {"balance_factor": 1.5}},
     "prefix": {"key": False, "queue": "large", "overflow": "reject", "routing": {"keyless": "prefix"}},
     "prefix-bounded": {"key": False, "queue": "large", "overflow": "reject",
-                       "routing": {"keyless": "prefix", "balance_factor": 1.25}},
+                       "routing": {"keyless": "prefix", "balance_factor": 1.2}},
     "system": {"key": False, "queue": "large", "overflow": "reject", "routing": {"keyless": "system"}},
     "system-bounded": {"key": False, "queue": "large", "overflow": "reject",
-                       "routing": {"keyless": "system", "balance_factor": 1.5}},
+                       "routing": {"keyless": "system", "balance_factor": 1.2}},
 }
 
 

@@ -43,8 +43,9 @@ impl Gateway {
         // The set as it is now: a retry after a change sees the new one.
         let members = pool.members();
         ctx.members = Some(members.clone());
+        let now = Instant::now();
         let candidates = members
-            .candidates(ctx.routing_request(), Instant::now())
+            .candidates(ctx.routing_request(&pool, now), now)
             .map_err(|retry_after| ApiError::NoBackend {
                 model: pool.name.clone(),
                 retry_after,
@@ -74,6 +75,10 @@ impl Gateway {
             }
             .into());
         };
+        if let Some(conversation) = ctx.conversation {
+            pool.moves
+                .record(conversation, candidate.route, candidate.addr, now);
+        }
         let waited = Instant::now();
         let permit = until_client_leaves(session, ticket.wait(self.config.queue_timeout))
             .await?

@@ -81,6 +81,8 @@ pub struct RequestCtx {
     cache_key: Option<HeaderValue>,
     /// No header, `keyless: prefix`: the key derived from the body.
     derived_key: Option<DerivedKey>,
+    /// Under bounded load, the conversation this request continues.
+    conversation: Option<u64>,
     warmup: bool,
     /// The body read in `request_filter` (rewritten if the gateway added
     /// `stream_options`), emitted on every attempt.
@@ -118,16 +120,20 @@ enum AttemptState {
 }
 
 impl RequestCtx {
-    fn routing_request(&self) -> Request<'_> {
-        let affinity = match (&self.cache_key, &self.derived_key) {
+    fn affinity(&self) -> Affinity<'_> {
+        match (&self.cache_key, &self.derived_key) {
             (Some(k), _) => Affinity::Key(k.as_bytes()),
             (None, Some(d)) => Affinity::Derived(d.as_bytes()),
             (None, None) => Affinity::None,
-        };
+        }
+    }
+
+    fn routing_request(&self, pool: &ModelPool, now: Instant) -> Request<'_> {
         Request {
-            affinity,
+            affinity: self.affinity(),
             warmup: self.warmup,
             tried: &self.failed,
+            moved_to: self.conversation.and_then(|c| pool.moves.get(c, now)),
         }
     }
 
@@ -236,9 +242,13 @@ impl Gateway {
             .get(facts.model.as_ref())
             .ok_or_else(|| ApiError::UnknownModel(facts.model.to_string()))?;
         ctx.pool = Some(pool.clone());
+        let path = session.req_header().uri.path();
         if ctx.cache_key.is_none() {
-            let path = session.req_header().uri.path();
             ctx.derived_key = pool.policy.derived_key(path, &raw);
+        }
+        if !ctx.warmup {
+            let key = ctx.affinity().key();
+            ctx.conversation = key.and_then(|k| pool.policy.conversation(k, path, &raw));
         }
         let completion = headers::is_completion(session.req_header());
         // A stream whose client did not ask for usage: ask for it, and hide

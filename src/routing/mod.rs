@@ -17,7 +17,8 @@
 //!   `round_robin`;
 //! - `balance_factor` set: a keyed request (not a warmup) passes over a
 //!   backend whose load is at its cap and that has no free slot
-//!   (`bounded.rs`), route `balance`;
+//!   (`bounded.rs`), route `balance`; a conversation so moved stays where
+//!   it was moved while that backend is under its cap (`moves.rs`);
 //! - the preferred backend excluded or already tried: the next usable one in
 //!   the same order, route `fallback`;
 //! - the later candidates: route `spill`.
@@ -34,6 +35,7 @@
 //! 4. unit tests here, an integration test in `tests/routing.rs`, the README.
 
 mod bounded;
+pub mod moves;
 pub mod prefix;
 pub mod rendezvous;
 mod round_robin;
@@ -83,6 +85,16 @@ pub enum Affinity<'a> {
     Derived(&'a [u8]),
 }
 
+impl<'a> Affinity<'a> {
+    /// The key the request is ranked by, if any.
+    pub fn key(self) -> Option<&'a [u8]> {
+        match self {
+            Affinity::Key(k) | Affinity::Derived(k) => Some(k),
+            Affinity::None => None,
+        }
+    }
+}
+
 /// What a request brings to routing.
 #[derive(Debug, Clone, Copy)]
 pub struct Request<'a> {
@@ -92,6 +104,9 @@ pub struct Request<'a> {
     pub warmup: bool,
     /// Backends this request already failed on.
     pub tried: &'a [SocketAddr],
+    /// Where bounded load last moved this request's conversation
+    /// (`moves.rs`).
+    pub moved_to: Option<SocketAddr>,
 }
 
 impl<'a> Request<'a> {
@@ -100,6 +115,7 @@ impl<'a> Request<'a> {
             affinity,
             warmup: false,
             tried,
+            moved_to: None,
         }
     }
 }
@@ -167,6 +183,24 @@ impl Policy {
     }
 }
 
+impl Policy {
+    /// The conversation (`moves.rs`) of a request with affinity `key` and
+    /// `body` sent to `path`, when bounded load may move it.
+    pub fn conversation(&self, key: &[u8], path: &str, body: &[u8]) -> Option<u64> {
+        self.balance_factor?;
+        let head = prefix::derive(
+            path,
+            body,
+            prefix::Head::FirstUser,
+            self.keyless_prefix_bytes,
+        );
+        Some(moves::conversation(
+            key,
+            head.as_ref().map(|h| h.as_bytes()),
+        ))
+    }
+}
+
 /// One model's routing table, built once per backend set.
 pub struct Router {
     balance_factor: Option<f64>,
@@ -211,6 +245,7 @@ impl Router {
             affinity,
             warmup,
             tried,
+            moved_to,
         } = req;
         let (order, preferred): (Vec<usize>, Route) = match affinity {
             Affinity::Key(key) => (rendezvous::rank(key, &self.keyed), Route::Hash),
@@ -226,7 +261,11 @@ impl Router {
         let bounded = match (affinity, self.balance_factor) {
             (Affinity::None, _) | (_, None) => None,
             _ if warmup => None,
-            (_, Some(factor)) => self.first_under_cap(factor, &order, &states, usable),
+            (_, Some(factor)) => {
+                let moved_to =
+                    moved_to.and_then(|a| order.iter().position(|i| self.addrs[*i] == a));
+                self.first_under_cap(factor, &order, &states, usable, moved_to)
+            }
         };
         let (chosen, route) = match bounded {
             Some(p) if p != first_usable => (p, Route::Balance),
@@ -250,13 +289,15 @@ impl Router {
     }
 
     /// The position in `order` of the first usable member below its load
-    /// cap (see `bounded.rs`) or with a free slot.
+    /// cap (see `bounded.rs`) or with a free slot; `moved_to` first, if it
+    /// is one.
     fn first_under_cap(
         &self,
         factor: f64,
         order: &[usize],
         states: &[Status],
         usable: impl Fn(usize) -> bool,
+        moved_to: Option<usize>,
     ) -> Option<usize> {
         let total_load: usize = states.iter().map(|s| s.load).sum();
         let total_weight: u64 = order
@@ -265,11 +306,14 @@ impl Router {
             .filter(|(_, s)| !s.excluded)
             .map(|(i, _)| u64::from(self.keyed[*i].1))
             .sum();
-        (0..order.len()).find(|p| {
+        let eligible = |p: &usize| {
             let weight = self.keyed[order[*p]].1;
             let cap = bounded::cap(factor, total_load, weight, total_weight);
             usable(*p) && states[*p].load < cap.max(states[*p].slots)
-        })
+        };
+        moved_to
+            .filter(eligible)
+            .or_else(|| (0..order.len()).find(eligible))
     }
 }
 

@@ -349,3 +349,96 @@ fn a_warmup_is_never_diverted_for_balance() {
     let c = r.rank(warmup, busy).unwrap();
     assert_eq!((c[0].addr, c[0].route), (owner, Route::Hash));
 }
+
+#[test]
+fn a_moved_conversation_stays_while_its_new_backend_is_under_its_cap() {
+    let r = bounded(3, 1.25);
+    let order: Vec<SocketAddr> = r
+        .rank(Request::new(Affinity::Key(b"k"), &[]), idle)
+        .unwrap()
+        .iter()
+        .map(|c| c.addr)
+        .collect();
+    let moved = |to: SocketAddr| Request {
+        moved_to: Some(to),
+        ..Request::new(Affinity::Key(b"k"), &[])
+    };
+    let first = |req: Request, status: &dyn Fn(&SocketAddr) -> Status| {
+        let c = r.rank(req, status).unwrap()[0];
+        (c.addr, c.route)
+    };
+    // Moved to the third: it stays there, its first choice idle or not.
+    assert_eq!(first(moved(order[2]), &idle), (order[2], Route::Balance));
+    // Loads 1, 1, 2 (L = 4, caps 3): still under its cap.
+    let order = &order;
+    let loads = |l: [usize; 3]| {
+        move |a: &SocketAddr| Status {
+            load: l[order.iter().position(|o| o == a).unwrap()],
+            ..Status::default()
+        }
+    };
+    assert_eq!(
+        first(moved(order[2]), &loads([1, 1, 2])),
+        (order[2], Route::Balance)
+    );
+    // At its cap (1, 0, 3: L = 4, caps 3): the walk from the top.
+    assert_eq!(
+        first(moved(order[2]), &loads([1, 0, 3])),
+        (order[0], Route::Hash)
+    );
+    // Moved to its first choice: just the first choice.
+    assert_eq!(first(moved(order[0]), &idle), (order[0], Route::Hash));
+    // Excluded or tried: passed over as any other.
+    let excluded = |a: &SocketAddr| Status {
+        excluded: *a == order[2],
+        ..Status::default()
+    };
+    assert_eq!(first(moved(order[2]), &excluded), (order[0], Route::Hash));
+    let tried = [order[2]];
+    let retry = Request {
+        moved_to: Some(order[2]),
+        ..Request::new(Affinity::Key(b"k"), &tried)
+    };
+    assert_eq!(first(retry, &idle), (order[0], Route::Fallback));
+    // Not bounded, or a warmup: a move is not followed.
+    let pure = router(3);
+    let c = pure.rank(moved(order[2]), idle).unwrap()[0];
+    assert_eq!((c.addr, c.route), (order[0], Route::Hash));
+    let warmup = Request {
+        warmup: true,
+        ..moved(order[2])
+    };
+    assert_eq!(first(warmup, &idle), (order[0], Route::Hash));
+}
+
+#[test]
+fn a_conversation_is_known_only_under_bounded_load_and_lasts_across_turns() {
+    const CHAT: &str = "/v1/chat/completions";
+    let body = |turns: &[&str]| {
+        let mut messages = vec![serde_json::json!({"role": "system", "content": "memory"})];
+        for (i, t) in turns.iter().enumerate() {
+            let role = if i % 2 == 0 { "user" } else { "assistant" };
+            messages.push(serde_json::json!({"role": role, "content": t}));
+        }
+        serde_json::json!({"model": "m", "messages": messages}).to_string()
+    };
+    let policy = Policy {
+        balance_factor: Some(1.25),
+        ..Policy::default()
+    };
+    let of = |key: &[u8], turns: &[&str]| policy.conversation(key, CHAT, body(turns).as_bytes());
+    assert_eq!(
+        Policy::default().conversation(b"k", CHAT, body(&["q"]).as_bytes()),
+        None
+    );
+    let first = of(b"k", &["q"]);
+    assert!(first.is_some());
+    assert_eq!(of(b"k", &["q", "a", "q2"]), first);
+    assert_ne!(of(b"k", &["other"]), first);
+    assert_ne!(of(b"j", &["q"]), first);
+    // No head (another endpoint): the key alone.
+    assert_eq!(
+        policy.conversation(b"k", "/v1/embeddings", b"{}"),
+        Some(moves::conversation(b"k", None))
+    );
+}
