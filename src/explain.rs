@@ -113,7 +113,7 @@ fn ranked(
     }
     if let Some(f) = model.policy.balance_factor {
         lines.push(format!(
-            "balance_factor {f}: under load, a backend at its cap is passed over for the next"
+            "balance_factor {f}: under load, a backend at its cap with no free slot is passed over for the next; a conversation so moved stays there while it has room"
         ));
     }
     lines

@@ -15,6 +15,7 @@ use crate::config::Overflow;
 use crate::errors::ApiError;
 use crate::metrics;
 use crate::pool::Members;
+use crate::routing::Route;
 
 impl Gateway {
     /// CAG-2 AC1/AC6: a warmup sleeps before it competes for a slot, holding
@@ -44,8 +45,15 @@ impl Gateway {
         let members = pool.members();
         ctx.members = Some(members.clone());
         let now = Instant::now();
+        let path = session.req_header().uri.path();
+        let moved_to = if pool.moves.is_empty() {
+            None
+        } else {
+            ctx.conversation(&pool, path)
+                .and_then(|c| pool.moves.get(c, now))
+        };
         let candidates = members
-            .candidates(ctx.routing_request(&pool, now), now)
+            .candidates(ctx.routing_request(moved_to), now)
             .map_err(|retry_after| ApiError::NoBackend {
                 model: pool.name.clone(),
                 retry_after,
@@ -75,9 +83,11 @@ impl Gateway {
             }
             .into());
         };
-        if let Some(conversation) = ctx.conversation {
-            pool.moves
-                .record(conversation, candidate.route, candidate.addr, now);
+        if candidate.route == Route::Balance || !pool.moves.is_empty() {
+            if let Some(conversation) = ctx.conversation(&pool, path) {
+                pool.moves
+                    .record(conversation, candidate.route, candidate.addr, now);
+            }
         }
         let waited = Instant::now();
         let permit = until_client_leaves(session, ticket.wait(self.config.queue_timeout))

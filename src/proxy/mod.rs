@@ -81,7 +81,8 @@ pub struct RequestCtx {
     cache_key: Option<HeaderValue>,
     /// No header, `keyless: prefix`: the key derived from the body.
     derived_key: Option<DerivedKey>,
-    /// Under bounded load, the conversation this request continues.
+    /// Under bounded load, the conversation this request continues, once
+    /// looked for.
     conversation: Option<u64>,
     warmup: bool,
     /// The body read in `request_filter` (rewritten if the gateway added
@@ -128,13 +129,28 @@ impl RequestCtx {
         }
     }
 
-    fn routing_request(&self, pool: &ModelPool, now: Instant) -> Request<'_> {
+    fn routing_request(&self, moved_to: Option<SocketAddr>) -> Request<'_> {
         Request {
             affinity: self.affinity(),
             warmup: self.warmup,
             tried: &self.failed,
-            moved_to: self.conversation.and_then(|c| pool.moves.get(c, now)),
+            moved_to,
         }
+    }
+
+    /// The conversation this request continues (bounded load), found the
+    /// first time it is needed: it scans the body, so only once some
+    /// conversation has moved or this one moves.
+    fn conversation(&mut self, pool: &ModelPool, path: &str) -> Option<u64> {
+        if self.conversation.is_none() && !self.warmup {
+            let found = self
+                .affinity()
+                .key()
+                .zip(self.body.as_deref())
+                .and_then(|(key, body)| pool.policy.conversation(key, path, body));
+            self.conversation = found;
+        }
+        self.conversation
     }
 
     fn response_started(&self) -> bool {
@@ -242,13 +258,9 @@ impl Gateway {
             .get(facts.model.as_ref())
             .ok_or_else(|| ApiError::UnknownModel(facts.model.to_string()))?;
         ctx.pool = Some(pool.clone());
-        let path = session.req_header().uri.path();
         if ctx.cache_key.is_none() {
+            let path = session.req_header().uri.path();
             ctx.derived_key = pool.policy.derived_key(path, &raw);
-        }
-        if !ctx.warmup {
-            let key = ctx.affinity().key();
-            ctx.conversation = key.and_then(|k| pool.policy.conversation(k, path, &raw));
         }
         let completion = headers::is_completion(session.req_header());
         // A stream whose client did not ask for usage: ask for it, and hide

@@ -181,9 +181,7 @@ impl Policy {
             Keyless::RoundRobin => None,
         }
     }
-}
 
-impl Policy {
     /// The conversation (`moves.rs`) of a request with affinity `key` and
     /// `body` sent to `path`, when bounded load may move it.
     pub fn conversation(&self, key: &[u8], path: &str, body: &[u8]) -> Option<u64> {

@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use xxhash_rust::xxh3::Xxh3Default;
@@ -45,10 +45,16 @@ pub struct Moves {
 }
 
 impl Moves {
+    /// Whether no move is remembered (then a request need not look for
+    /// its conversation).
+    pub fn is_empty(&self) -> bool {
+        self.lock().is_empty()
+    }
+
     /// Where `conversation` was last moved to, unless that was over
     /// [`IDLE`] ago.
     pub fn get(&self, conversation: u64, now: Instant) -> Option<SocketAddr> {
-        let moved = self.moved.lock().unwrap_or_else(|e| e.into_inner());
+        let moved = self.lock();
         let (addr, at) = moved.get(&conversation)?;
         (now.saturating_duration_since(*at) < IDLE).then_some(*addr)
     }
@@ -56,7 +62,7 @@ impl Moves {
     /// `conversation` was admitted at `addr` under `route`: a move for
     /// balance is remembered (again), its first choice forgets the move.
     pub fn record(&self, conversation: u64, route: Route, addr: SocketAddr, now: Instant) {
-        let mut moved = self.moved.lock().unwrap_or_else(|e| e.into_inner());
+        let mut moved = self.lock();
         match route {
             Route::Balance => {
                 if moved.len() >= CAPACITY && !moved.contains_key(&conversation) {
@@ -74,9 +80,14 @@ impl Moves {
         }
     }
 
+    fn lock(&self) -> MutexGuard<'_, HashMap<u64, (SocketAddr, Instant)>> {
+        // The map stays whole if a holder panicked: every change is one call.
+        self.moved.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.moved.lock().unwrap().len()
+        self.lock().len()
     }
 }
 
@@ -92,7 +103,9 @@ mod tests {
     fn a_move_is_remembered_until_the_first_choice_or_idle() {
         let m = Moves::default();
         let t = Instant::now();
+        assert!(m.is_empty());
         m.record(1, Route::Balance, addr(2), t);
+        assert!(!m.is_empty());
         assert_eq!(m.get(1, t + Duration::from_secs(1)), Some(addr(2)));
         assert_eq!(m.get(2, t), None);
         // Spill and fallback leave it; the first choice forgets it.

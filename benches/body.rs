@@ -1,0 +1,58 @@
+//! Cost of finding a request's conversation under bounded load (the head
+//! of its messages, `routing::Policy::conversation`), against what every
+//! request already pays: `body::inspect` (finding `model`) and a plain copy
+//! of the body.
+//!
+//! `cargo bench --bench body`
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use poimen_gateway::body;
+use poimen_gateway::routing::Policy;
+use serde_json::json;
+
+const CHAT: &str = "/v1/chat/completions";
+
+/// An agent's turn: a system message of `system` bytes, then `turns`
+/// question/answer pairs of about 600 bytes, `model` last (as the SDKs
+/// write it).
+fn agent_turn(system: usize, turns: usize) -> Vec<u8> {
+    let mut messages = vec![json!({"role": "system", "content": "s".repeat(system)})];
+    for i in 0..turns {
+        messages
+            .push(json!({"role": "user", "content": format!("question {i} {}", "q".repeat(300))}));
+        messages.push(
+            json!({"role": "assistant", "content": format!("answer {i} {}", "a".repeat(300))}),
+        );
+    }
+    json!({"messages": messages, "max_tokens": 256, "stream": true, "model": "m"})
+        .to_string()
+        .into_bytes()
+}
+
+fn bench(c: &mut Criterion) {
+    let policy = Policy {
+        balance_factor: Some(1.2),
+        ..Policy::default()
+    };
+    let mut g = c.benchmark_group("body");
+    for (name, body) in [
+        ("1k", agent_turn(200, 1)),
+        ("26k", agent_turn(20_000, 10)),
+        ("200k", agent_turn(20_000, 150)),
+    ] {
+        g.throughput(Throughput::Bytes(body.len() as u64));
+        g.bench_with_input(BenchmarkId::new("copy-baseline", name), &body, |b, body| {
+            b.iter(|| body.clone())
+        });
+        g.bench_with_input(BenchmarkId::new("inspect", name), &body, |b, body| {
+            b.iter(|| body::inspect(body).map(|i| i.stream).unwrap())
+        });
+        g.bench_with_input(BenchmarkId::new("conversation", name), &body, |b, body| {
+            b.iter(|| policy.conversation(b"session-1", CHAT, body).unwrap())
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
