@@ -245,6 +245,16 @@ pub fn register_slot_limits(models: Vec<(String, Reading)>) {
     );
 }
 
+/// `poimen_gateway_moved_conversations{model,backend}`: conversations
+/// bounded load moved to the backend and keeps there (`routing::moves`).
+pub fn register_moves(models: Vec<(String, Reading)>) {
+    register_scrape_gauge(
+        "poimen_gateway_moved_conversations",
+        "Conversations bounded load moved off their first choice to this backend, and keeps there while it has room (not idle for 10 min)",
+        models,
+    );
+}
+
 /// A backend's per-request series and labels, resolved once when it joins
 /// the set: a request then neither formats the address nor hashes label
 /// values to count (see `pool::Members`).

@@ -46,7 +46,7 @@ pub struct ModelPool {
     retired: Mutex<Vec<(SocketAddr, Arc<Admission>)>>,
     pub series: metrics::ModelSeries,
     /// Where bounded load moved conversations; kept across backend sets.
-    pub moves: Moves,
+    pub moves: Arc<Moves>,
 }
 
 /// One backend set and the state routing reads: replaced whole when the
@@ -167,7 +167,7 @@ impl ModelPool {
             members,
             retired: Mutex::default(),
             series: metrics::ModelSeries::new(&model.name),
-            moves: Moves::default(),
+            moves: Arc::default(),
         };
         pool.first_update();
         (pool, service)
@@ -212,6 +212,13 @@ impl ModelPool {
                 .filter_map(|a| Some((*a, limit(a)?)))
                 .collect()
         })
+    }
+
+    /// How many conversations bounded load moved to each current backend
+    /// (for the metric).
+    pub fn moved_reading(&self) -> metrics::Reading {
+        let (members, moves) = (self.members.clone(), self.moves.clone());
+        Arc::new(move |now| moves.counts(members.load().addrs(), now))
     }
 
     /// Run discovery; rebuild the members if the set changed; let go of

@@ -8,6 +8,7 @@ use poimen_gateway::routing::prefix::{self, Head};
 use poimen_gateway::routing::rendezvous::rank;
 use serde_json::json;
 
+use crate::support::metrics::sample;
 use crate::support::{chat, client, eventually, header, FakeBackend, Gateway};
 
 async fn backends(n: usize, delay: Duration) -> Vec<FakeBackend> {
@@ -235,6 +236,14 @@ async fn a_moved_conversation_stays_where_it_was_moved_other_ones_do_not() {
         gw.metric("poimen_gateway_requests_total", &labels).await,
         4.0
     );
+    // Every backend has the series; the moved conversation counts at its
+    // new backend.
+    let text = gw.metrics_text().await;
+    for (backend, moved) in [(&hot[0], 0.0), (&hot[1], 1.0), (&hot[2], 0.0)] {
+        let labels = [("model", "m"), ("backend", backend.as_str())];
+        let got = sample(&text, "poimen_gateway_moved_conversations", &labels);
+        assert_eq!(got, Some(moved), "{backend}");
+    }
     eventually("9 lines", || async { gw.cache_lines().len() == 9 }).await;
     let moved: Vec<_> = gw
         .cache_lines()

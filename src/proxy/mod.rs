@@ -191,11 +191,16 @@ impl Gateway {
         let started = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
-        let readings = |read: fn(&ModelPool) -> metrics::Reading| {
-            pools.values().map(|p| (p.name.clone(), read(p))).collect()
+        let readings = |read: fn(&ModelPool) -> metrics::Reading, bounded_only: bool| {
+            pools
+                .values()
+                .filter(|p| !bounded_only || p.policy.balance_factor.is_some())
+                .map(|p| (p.name.clone(), read(p)))
+                .collect()
         };
-        metrics::register_exclusions(readings(ModelPool::exclusion_reading));
-        metrics::register_slot_limits(readings(ModelPool::slot_limit_reading));
+        metrics::register_exclusions(readings(ModelPool::exclusion_reading, false));
+        metrics::register_slot_limits(readings(ModelPool::slot_limit_reading, false));
+        metrics::register_moves(readings(ModelPool::moved_reading, true));
         if config.api_keys.is_some() || jwt.is_some() {
             let fetched = config
                 .jwt

@@ -24,7 +24,7 @@ pub const IDLE: Duration = Duration::from_secs(600);
 
 /// The most moves remembered per model. Far above the conversations a
 /// GPU host serves in [`IDLE`]; when full, a new move is not remembered
-/// (it only loses its stickiness).
+/// (it only loses its stay) until a sweep makes room.
 pub const CAPACITY: usize = 16_384;
 
 /// The conversation a request belongs to: its affinity key and the head of
@@ -39,39 +39,47 @@ pub fn conversation(key: &[u8], head: Option<&[u8]>) -> u64 {
     h.digest()
 }
 
+/// How often idle moves are swept out: then a gateway that has not moved
+/// anything for [`IDLE`] stops looking for conversations.
+const SWEEP_EVERY: Duration = Duration::from_secs(60);
+
 #[derive(Default)]
 pub struct Moves {
-    moved: Mutex<HashMap<u64, (SocketAddr, Instant)>>,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    moved: HashMap<u64, (SocketAddr, Instant)>,
+    swept: Option<Instant>,
 }
 
 impl Moves {
     /// Whether no move is remembered (then a request need not look for
     /// its conversation).
     pub fn is_empty(&self) -> bool {
-        self.lock().is_empty()
+        self.lock().moved.is_empty()
     }
 
     /// Where `conversation` was last moved to, unless that was over
     /// [`IDLE`] ago.
     pub fn get(&self, conversation: u64, now: Instant) -> Option<SocketAddr> {
-        let moved = self.lock();
-        let (addr, at) = moved.get(&conversation)?;
+        let inner = self.lock();
+        let (addr, at) = inner.moved.get(&conversation)?;
         (now.saturating_duration_since(*at) < IDLE).then_some(*addr)
     }
 
     /// `conversation` was admitted at `addr` under `route`: a move for
     /// balance is remembered (again), its first choice forgets the move.
     pub fn record(&self, conversation: u64, route: Route, addr: SocketAddr, now: Instant) {
-        let mut moved = self.lock();
+        let mut inner = self.lock();
+        inner.sweep(now);
+        let moved = &mut inner.moved;
         match route {
             Route::Balance => {
-                if moved.len() >= CAPACITY && !moved.contains_key(&conversation) {
-                    moved.retain(|_, (_, at)| now.saturating_duration_since(*at) < IDLE);
-                    if moved.len() >= CAPACITY {
-                        return;
-                    }
+                if moved.len() < CAPACITY || moved.contains_key(&conversation) {
+                    moved.insert(conversation, (addr, now));
                 }
-                moved.insert(conversation, (addr, now));
             }
             Route::Hash | Route::Prefix => {
                 moved.remove(&conversation);
@@ -80,14 +88,43 @@ impl Moves {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<u64, (SocketAddr, Instant)>> {
+    /// How many conversations are moved to each of `addrs` now (not idle).
+    pub fn counts(&self, addrs: &[SocketAddr], now: Instant) -> Vec<(SocketAddr, i64)> {
+        let mut counts: Vec<(SocketAddr, i64)> = addrs.iter().map(|a| (*a, 0)).collect();
+        let inner = self.lock();
+        for (addr, at) in inner.moved.values() {
+            if now.saturating_duration_since(*at) < IDLE {
+                if let Some((_, n)) = counts.iter_mut().find(|(a, _)| a == addr) {
+                    *n += 1;
+                }
+            }
+        }
+        counts
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
         // The map stays whole if a holder panicked: every change is one call.
-        self.moved.lock().unwrap_or_else(|e| e.into_inner())
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.lock().len()
+        self.lock().moved.len()
+    }
+}
+
+impl Inner {
+    /// Drop the idle moves, at most once per [`SWEEP_EVERY`].
+    fn sweep(&mut self, now: Instant) {
+        if self
+            .swept
+            .is_some_and(|t| now.saturating_duration_since(t) < SWEEP_EVERY)
+        {
+            return;
+        }
+        self.swept = Some(now);
+        self.moved
+            .retain(|_, (_, at)| now.saturating_duration_since(*at) < IDLE);
     }
 }
 
@@ -106,6 +143,10 @@ mod tests {
         assert!(m.is_empty());
         m.record(1, Route::Balance, addr(2), t);
         assert!(!m.is_empty());
+        m.record(9, Route::Balance, addr(3), t);
+        let counts = m.counts(&[addr(1), addr(2), addr(3)], t);
+        assert_eq!(counts, [(addr(1), 0), (addr(2), 1), (addr(3), 1)]);
+        assert_eq!(m.counts(&[addr(2)], t + IDLE), [(addr(2), 0)]);
         assert_eq!(m.get(1, t + Duration::from_secs(1)), Some(addr(2)));
         assert_eq!(m.get(2, t), None);
         // Spill and fallback leave it; the first choice forgets it.
@@ -121,7 +162,7 @@ mod tests {
     }
 
     #[test]
-    fn it_holds_at_most_capacity_moves_making_room_from_idle_ones() {
+    fn it_holds_at_most_capacity_moves_and_sweeps_out_idle_ones() {
         let m = Moves::default();
         let t = Instant::now();
         for c in 0..CAPACITY as u64 {
@@ -131,12 +172,25 @@ mod tests {
         m.record(u64::MAX, Route::Balance, addr(2), t);
         assert_eq!((m.len(), m.get(u64::MAX, t)), (CAPACITY, None));
         m.record(7, Route::Balance, addr(3), t + IDLE / 2);
-        // Once the others are idle, they make room.
+        // Once the others are idle, the next sweep makes room.
         let later = t + IDLE;
         m.record(u64::MAX, Route::Balance, addr(2), later);
         assert_eq!(m.len(), 2);
         assert_eq!(m.get(u64::MAX, later), Some(addr(2)));
         assert_eq!(m.get(7, later), Some(addr(3)));
+        // A sweep once all are idle empties it.
+        let idle = later + IDLE;
+        m.record(1, Route::Hash, addr(1), idle);
+        assert!(m.is_empty());
+        // Sweeps come at most once per SWEEP_EVERY: a move idle since just
+        // after one stays in the map (unused) until the next.
+        let s = Duration::from_secs(1);
+        m.record(2, Route::Balance, addr(2), idle + s);
+        m.record(1, Route::Hash, addr(1), idle + IDLE);
+        m.record(1, Route::Hash, addr(1), idle + IDLE + 2 * s);
+        assert_eq!((m.is_empty(), m.get(2, idle + IDLE + 2 * s)), (false, None));
+        m.record(1, Route::Hash, addr(1), idle + IDLE + SWEEP_EVERY);
+        assert!(m.is_empty());
     }
 
     #[test]
