@@ -204,20 +204,10 @@ async fn a_moved_conversation_stays_where_it_was_moved_other_ones_do_not() {
         b.set_delay(Duration::ZERO);
     }
     for n in 1..4 {
-        let what = format!("conversation 1, turn {n}");
-        served(
-            &keyed_turn(&gw, "agent", 1, n).await,
-            "balance",
-            &hot[1],
-            &what,
-        );
-        let what = format!("conversation 0, turn {n}");
-        served(
-            &keyed_turn(&gw, "agent", 0, n).await,
-            "hash",
-            &hot[0],
-            &what,
-        );
+        for (c, route, backend) in [(1, "balance", &hot[1]), (0, "hash", &hot[0])] {
+            let what = format!("conversation {c}, turn {n}");
+            served(&keyed_turn(&gw, "agent", c, n).await, route, backend, &what);
+        }
     }
     served(
         &keyed_turn(&gw, "agent", 2, 0).await,

@@ -165,16 +165,17 @@ fn bounded(n: u16, factor: f64) -> Router {
     Router::new(&policy, members)
 }
 
+/// The backends in `key`'s order without load.
+fn ranking(r: &Router, key: &[u8]) -> Vec<SocketAddr> {
+    let c = r.rank(Request::new(Affinity::Key(key), &[]), idle).unwrap();
+    c.iter().map(|c| c.addr).collect()
+}
+
 /// Route `n` requests of `key` in a row, each adding to the load of the
 /// backend it lands on, every backend having `slots` slots; returns
 /// (backend position in the key's ranking, route) per request.
 fn pile(r: &Router, key: &[u8], n: usize, slots: usize) -> Vec<(usize, Route)> {
-    let ranking: Vec<SocketAddr> = r
-        .rank(Request::new(Affinity::Key(key), &[]), idle)
-        .unwrap()
-        .iter()
-        .map(|c| c.addr)
-        .collect();
+    let ranking = ranking(r, key);
     let mut load: HashMap<SocketAddr, usize> = HashMap::new();
     (0..n)
         .map(|_| {
@@ -272,12 +273,7 @@ fn other_keys_stay_put_while_a_hot_key_spreads() {
 #[test]
 fn an_excluded_backend_leaves_the_weight_sum_and_counts_as_fallback() {
     let r = bounded(3, 1.25);
-    let order: Vec<SocketAddr> = r
-        .rank(Request::new(Affinity::Key(b"k"), &[]), idle)
-        .unwrap()
-        .iter()
-        .map(|c| c.addr)
-        .collect();
+    let order = ranking(&r, b"k");
     // The owner excluded, two requests on the runner-up: L = 2, W = 2, the
     // runner-up's cap is ceil(1.25 * 3 / 2) = 2: full, so the third.
     let status = |a: &SocketAddr| Status {
@@ -353,12 +349,7 @@ fn a_warmup_is_never_diverted_for_balance() {
 #[test]
 fn a_moved_conversation_stays_while_its_new_backend_is_under_its_cap() {
     let r = bounded(3, 1.25);
-    let order: Vec<SocketAddr> = r
-        .rank(Request::new(Affinity::Key(b"k"), &[]), idle)
-        .unwrap()
-        .iter()
-        .map(|c| c.addr)
-        .collect();
+    let order = ranking(&r, b"k");
     let moved = |to: SocketAddr| Request {
         moved_to: Some(to),
         ..Request::new(Affinity::Key(b"k"), &[])
