@@ -11,6 +11,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -46,6 +47,10 @@ const SWEEP_EVERY: Duration = Duration::from_secs(60);
 #[derive(Default)]
 pub struct Moves {
     inner: Mutex<Inner>,
+    /// Whether `inner` holds any move, kept beside it so that every request
+    /// can ask without the lock (a request that reads it stale is routed
+    /// as if the latest move had not happened yet).
+    any: AtomicBool,
 }
 
 #[derive(Default)]
@@ -58,7 +63,7 @@ impl Moves {
     /// Whether no move is remembered (then a request need not look for
     /// its conversation).
     pub fn is_empty(&self) -> bool {
-        self.lock().moved.is_empty()
+        !self.any.load(Ordering::Relaxed)
     }
 
     /// Where `conversation` was last moved to, unless that was over
@@ -86,6 +91,7 @@ impl Moves {
             }
             Route::RoundRobin | Route::Fallback | Route::Spill => {}
         }
+        self.any.store(!moved.is_empty(), Ordering::Relaxed);
     }
 
     /// How many conversations are moved to each of `addrs` now (not idle).
