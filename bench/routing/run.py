@@ -8,7 +8,8 @@ per-session memory context (3,000-4,000 tokens), sent as one system message.
 A session runs as one or more branches (sub-agents sharing the session's key
 and context); a branch is a warmup (`X-Poimen-Warmup: true`, `max_tokens: 1`,
 the system message alone) then its turns, each appending the previous answer
-and a new user message, streamed. Variants (--variants):
+and a new user message, streamed (--no-warmups: no warmup, a branch starts
+with its first turn). Variants (--variants):
   uniform  --sessions (24) sessions on 4 sims, one branch of --turns turns each
   hot      --sessions sessions on 4 sims; Zipf-hot: sessions get branches in
            proportion to 1/rank^2.5, the top one 30, each of --turns turns, so
@@ -133,8 +134,8 @@ def zipf_turns(sessions: int, exponent: float, target: int) -> tuple[float, list
 
 
 def build_workload(seed: int, sessions: int, turns: int, variant: str, answer_tokens: int,
-                   target_turns: int = 0) -> list[dict]:
-    """A list of branches; each is {session, branch, system, questions}.
+                   target_turns: int = 0, warmups: bool = True) -> list[dict]:
+    """A list of branches; each is {session, branch, system, questions, warmup}.
     `target_turns` (zipf only): the total number of turns to reach."""
     law = VARIANTS[variant]["law"]
     rng = random.Random(seed)
@@ -162,7 +163,7 @@ def build_workload(seed: int, sessions: int, turns: int, variant: str, answer_to
             r = random.Random(seed * 1000000 + s * 1000 + b)
             qs = [C.text(r, r.randint(300, 800)) for _ in range(nturns)]
             branches.append({"session": s, "branch": b,
-                             "system": f"{system}\n{mems[s]}", "questions": qs})
+                             "system": f"{system}\n{mems[s]}", "questions": qs, "warmup": warmups})
     rng.shuffle(branches)
     return branches
 
@@ -191,7 +192,7 @@ def check_heads(branches: list[dict], answer_tokens: int) -> dict:
 
 
 def n_requests(branches: list[dict]) -> int:
-    return sum(len(br["questions"]) + 1 for br in branches)
+    return sum(len(br["questions"]) + br["warmup"] for br in branches)
 
 
 def answer(answer_tokens: int) -> str:
@@ -199,9 +200,9 @@ def answer(answer_tokens: int) -> str:
 
 
 def branch_requests(br: dict, answer_tokens: int) -> list[tuple[str, list[dict]]]:
-    """(kind, messages) in order: the warmup, then each turn."""
+    """(kind, messages) in order: the warmup (unless --no-warmups), then each turn."""
     msgs = [{"role": "system", "content": br["system"]}]
-    out = [("warmup", list(msgs))]
+    out = [("warmup", list(msgs))] if br["warmup"] else []
     for t, q in enumerate(br["questions"]):
         if t > 0:
             msgs.append({"role": "assistant", "content": answer(answer_tokens)})
@@ -609,6 +610,8 @@ def main() -> int:
     ap.add_argument("--queue-depth", type=int, default=20, help="gateway max_queue_depth of every mode but *-q2")
     ap.add_argument("--small-queue-depth", type=int, default=2, help="gateway max_queue_depth of key-q2, spill-q2")
     ap.add_argument("--warmup-delay-ms", type=int, default=100)
+    ap.add_argument("--no-warmups", action="store_true",
+                    help="branches start with their first turn, no warmup (to see what warmups cost a mode)")
     ap.add_argument("--kv-tokens", type=int, default=0,
                     help="vllm-sim --kv-cache-tokens; 0 = a quarter of the uniform workload's distinct tokens")
     ap.add_argument("--reps", type=int, default=3, help="repetitions of every (variant, mode), interleaved; medians")
@@ -628,7 +631,8 @@ def main() -> int:
     C.signals_raise()
     bins = C.bin_dir()
     target = a.sessions * a.turns  # zipf: as many turns as uniform
-    workloads = {v: build_workload(a.seed, variant_sessions(v, a), a.turns, v, a.answer_tokens, target)
+    workloads = {v: build_workload(a.seed, variant_sessions(v, a), a.turns, v, a.answer_tokens, target,
+                                   not a.no_warmups)
                  for v in variants}
     oracles = {v: oracle(workloads[v], a.answer_tokens) for v in variants}
     heads = {v: check_heads(workloads[v], a.answer_tokens) for v in variants}
@@ -724,8 +728,10 @@ def render(a, kv, base, workloads, heads, oracles, med, runs, modes, variants, r
       f"(below), `warmup.delay_ms: {a.warmup_delay_ms}`, `stream_usage: true` (default).")
     w(f"- workload (seed {a.seed}): a session's system message = a 6,000-byte (1,500-token) system prompt shared "
       "by all sessions + a per-session memory context of 3,000–4,000 tokens; each branch of a session (a "
-      "sub-agent sharing its key and context) sends a warmup (`X-Poimen-Warmup: true`, `max_tokens: 1`, the "
-      "system message alone) then streamed turns, each appending the previous "
+      "sub-agent sharing its key and context) sends "
+      + ("no warmup (`--no-warmups`), only " if a.no_warmups else
+         "a warmup (`X-Poimen-Warmup: true`, `max_tokens: 1`, the system message alone) then ")
+      + "streamed turns, each appending the previous "
       f"{a.answer_tokens}-token answer and a 75–200-token user message. At most {a.concurrency} branches in "
       "flight; a 503 is counted and not retried (the conversation goes on).")
     for v in variants:
