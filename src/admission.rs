@@ -23,6 +23,7 @@ use prometheus::IntGauge;
 use tokio::sync::oneshot;
 
 use feedback::Feedback;
+pub use feedback::Fleet;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Class {
@@ -105,15 +106,16 @@ impl State {
 }
 
 impl Admission {
-    /// `feedback`: with `scheduler.load_feedback`, the backend's whole
-    /// `max_num_seqs`, the most slots its reports may lend this replica.
-    pub fn new(limits: Limits, feedback: Option<usize>, gauges: Gauges) -> Arc<Self> {
+    /// `feedback`: with `scheduler.load_feedback`, the backend as the
+    /// replicas share it (its whole `max_num_seqs` is the most slots its
+    /// reports may lend this replica).
+    pub fn new(limits: Limits, feedback: Option<Fleet>, gauges: Gauges) -> Arc<Self> {
         let state = State {
             running: 0,
             agents: VecDeque::new(),
             warmups: VecDeque::new(),
             next_id: 0,
-            feedback: feedback.map(|ceiling| Feedback::new(limits.max_num_seqs, ceiling)),
+            feedback: feedback.map(|fleet| Feedback::new(limits.max_num_seqs, fleet)),
         };
         Arc::new(Admission {
             limits,

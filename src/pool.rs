@@ -22,7 +22,7 @@ use log::{error, info};
 use pingora::lb::{Backend, Backends, HealthCheckService, HealthRegistry};
 use pingora::prelude::HttpPeer;
 
-use crate::admission::{Admission, Limits};
+use crate::admission::{Admission, Fleet, Limits};
 use crate::config::{HealthCheckConfig, ModelConfig};
 use crate::discovery::Discovery;
 use crate::exclusion::{CurrentExclusions, Exclusions};
@@ -37,7 +37,7 @@ pub struct ModelPool {
     pub policy: Policy,
     limits: Limits,
     /// `scheduler.load_feedback`: the most slots a backend's reports may lend.
-    load_feedback: Option<usize>,
+    load_feedback: Option<Fleet>,
     /// Pingora's view of the set: `update` runs discovery, and the health
     /// registry checks its members.
     backends: Backends,

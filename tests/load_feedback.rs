@@ -22,20 +22,17 @@ struct Run {
     limit: f64,
 }
 
-/// A backend of 4 slots (the gateway's share: one replica) that answers
-/// every request after 300 ms with `report`; one request first, so the
-/// gateway has heard a report, then 8 at once.
-async fn run(load_feedback: bool, report: &str) -> Run {
+/// A backend that answers every request after 300 ms with `report`, behind
+/// a gateway with `scheduler`; one request first, so the gateway has heard
+/// a report, then 8 at once.
+async fn run(scheduler: &str, report: &str) -> Run {
     let b = FakeBackend::start().await;
     b.set_delay(Duration::from_millis(300));
     b.set_reply(Reply::Json {
         body: r#"{"id":"chatcmpl-1","object":"chat.completion","model":"m","choices":[]}"#.into(),
         headers: vec![("endpoint-load-metrics", report.to_string())],
     });
-    let yaml = format!(
-        "  scheduler: {{max_num_seqs: 4, load_feedback: {load_feedback}}}\n{}",
-        one_model("m", &[b.addr])
-    );
+    let yaml = format!("  scheduler: {scheduler}\n{}", one_model("m", &[b.addr]));
     let gw = Arc::new(Gateway::start(&yaml).await);
     let first = chat(&gw, "m", Some("k")).await;
     assert_eq!(first.status(), 200);
@@ -66,9 +63,12 @@ async fn run(load_feedback: bool, report: &str) -> Run {
     }
 }
 
+/// One replica, a backend of 4 slots (its share: all of them).
+const ON: &str = "{max_num_seqs: 4, load_feedback: true}";
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_backend_reporting_a_long_queue_gets_fewer_requests_than_its_share() {
-    let r = run(true, LONG_QUEUE).await;
+    let r = run(ON, LONG_QUEUE).await;
     assert_eq!(r.asked, "json");
     // 4 slots, 50 waiting of other clients: this replica keeps 1 slot.
     assert_eq!(r.peak, 1);
@@ -81,7 +81,7 @@ async fn a_backend_reporting_a_long_queue_gets_fewer_requests_than_its_share() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn off_the_report_is_neither_asked_for_nor_used() {
-    let r = run(false, LONG_QUEUE).await;
+    let r = run("{max_num_seqs: 4}", LONG_QUEUE).await;
     assert_eq!(r.asked, "");
     assert_eq!(r.peak, 4);
     assert_eq!(r.limit, 4.0);
@@ -96,10 +96,25 @@ async fn a_malformed_report_changes_nothing() {
         "JSON {not json",
         "TEXT named_metrics.num_requests_waiting=lots",
     ] {
-        let r = run(true, bad).await;
+        let r = run(ON, bad).await;
         assert_eq!(r.asked, "json");
         assert_eq!(r.peak, 4, "{bad}");
         assert_eq!(r.limit, 4.0, "{bad}");
         assert_eq!(r.client_saw, "", "{bad}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_queue_the_replicas_own_borrowing_explains_leaves_a_replica_its_share() {
+    // 3 replicas on a backend of 6: a share of 2 each; a queue of up to 2
+    // (one slot borrowed by each other replica) is theirs to give back.
+    let three = "{max_num_seqs: 6, replicas: 3, load_feedback: true}";
+    let waiting =
+        |n: usize| format!(r#"JSON {{"named_metrics": {{"num_requests_waiting": {n}.0}}}}"#);
+    let r = run(three, &waiting(2)).await;
+    assert_eq!((r.peak, r.limit), (2, 2.0));
+    // A longer one is other clients': this replica takes its part,
+    // 1 * 6 / (6 + 3) -> 1.
+    let r = run(three, &waiting(3)).await;
+    assert_eq!((r.peak, r.limit), (1, 1.0));
 }

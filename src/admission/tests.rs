@@ -8,14 +8,14 @@ fn admission(max_num_seqs: usize, max_queue_depth: usize) -> Arc<Admission> {
 fn with_feedback(
     max_num_seqs: usize,
     max_queue_depth: usize,
-    ceiling: Option<usize>,
+    fleet: Option<Fleet>,
 ) -> Arc<Admission> {
     Admission::new(
         Limits {
             max_num_seqs,
             max_queue_depth,
         },
-        ceiling,
+        fleet,
         Gauges {
             inflight: IntGauge::new("inflight", "test").unwrap(),
             queued: IntGauge::new("queued", "test").unwrap(),
@@ -167,7 +167,11 @@ async fn zero_queue_depth_refuses_when_slots_are_busy() {
 #[tokio::test(start_paused = true)]
 async fn a_report_of_waiting_requests_lowers_the_limit_as_slots_free() {
     // Share 3 of a backend of 6.
-    let a = with_feedback(3, 10, Some(6));
+    let fleet = Fleet {
+        ceiling: 6,
+        replicas: 2,
+    };
+    let a = with_feedback(3, 10, Some(fleet));
     let permits: Vec<Permit> = (0..3)
         .map(|_| ready(a.try_enter(Class::Agent).unwrap()))
         .collect();
@@ -195,7 +199,11 @@ async fn a_report_of_waiting_requests_lowers_the_limit_as_slots_free() {
 
 #[tokio::test(start_paused = true)]
 async fn a_report_of_nothing_waiting_lends_a_slot_to_a_waiter_at_once() {
-    let a = with_feedback(2, 10, Some(4));
+    let fleet = Fleet {
+        ceiling: 4,
+        replicas: 2,
+    };
+    let a = with_feedback(2, 10, Some(fleet));
     let _held: Vec<Permit> = (0..2)
         .map(|_| ready(a.try_enter(Class::Agent).unwrap()))
         .collect();

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::admission::Limits;
+use crate::admission::{Fleet, Limits};
 use crate::auth::fetch::JwksUrl;
 use crate::auth::jwks::KeySet;
 use crate::auth::{jwt, ApiKeys};
@@ -117,9 +117,9 @@ pub struct ModelConfig {
     /// How this model's requests are routed.
     pub policy: Policy,
     /// With `scheduler.load_feedback`: the backend's whole `max_num_seqs`
-    /// (before the split between replicas), the most slots its load reports
-    /// may lend this replica. None: off.
-    pub load_feedback: Option<usize>,
+    /// (before the split between replicas, the most slots its load reports
+    /// may lend this replica) and the replicas. None: off.
+    pub load_feedback: Option<Fleet>,
 }
 
 /// One `address`/`addresses` entry.
@@ -801,7 +801,10 @@ fn validate_model(
         backends,
         limits,
         policy,
-        load_feedback: load_feedback.then_some(configured.max_num_seqs),
+        load_feedback: load_feedback.then_some(Fleet {
+            ceiling: configured.max_num_seqs,
+            replicas,
+        }),
     })
 }
 

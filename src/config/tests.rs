@@ -352,8 +352,14 @@ fn load_feedback_is_off_by_default_and_lends_up_to_the_whole_backend() {
     assert!(c.load_feedback);
     // The share is divided; the ceiling is the backend's own limit.
     assert_eq!(c.models[0].limits.max_num_seqs, 2);
-    assert_eq!(c.models[0].load_feedback, Some(4));
-    assert_eq!(c.models[1].load_feedback, Some(8));
+    let fleet = |ceiling| {
+        Some(Fleet {
+            ceiling,
+            replicas: 3,
+        })
+    };
+    assert_eq!(c.models[0].load_feedback, fleet(4));
+    assert_eq!(c.models[1].load_feedback, fleet(8));
     let got = err(&format!("{MINIMAL}  scheduler: {{load_feedback: 1}}\n"));
     assert!(got.contains("load_feedback"), "{got}");
 }
