@@ -9,7 +9,11 @@ A session runs as one or more branches (sub-agents sharing the session's key
 and context); a branch is a warmup (`X-Poimen-Warmup: true`, `max_tokens: 1`,
 the system message alone) then its turns, each appending the previous answer
 and a new user message, streamed (--no-warmups: no warmup, a branch starts
-with its first turn). Variants (--variants):
+with its first turn; --warm-second, an experiment: in keyed modes every
+warmup is also sent straight to the sim the key ranks second, from
+`poimen-gateway route`, so a turn moved there finds its context; those copies
+count in the sims' hit rate and per-sim requests, so read the turns' hit
+rate, printed beside it). Variants (--variants):
   uniform  --sessions (24) sessions on 4 sims, one branch of --turns turns each
   hot      --sessions sessions on 4 sims; Zipf-hot: sessions get branches in
            proportion to 1/rank^2.5, the top one 30, each of --turns turns, so
@@ -255,11 +259,19 @@ def oracle(branches: list[dict], answer_tokens: int) -> dict:
 
 
 async def run_workload(port: int, branches: list[dict], send_key: bool, concurrency: int,
-                       answer_tokens: int) -> dict:
+                       answer_tokens: int, second: dict[int, int] | None = None) -> dict:
+    """`second` (--warm-second): session -> the port of the sim its key ranks
+    second; each warmup is also sent there, straight to the sim, at once."""
     import aiohttp
     url = f"http://127.0.0.1:{port}/v1/chat/completions"
     sem = asyncio.Semaphore(concurrency)
     recs: list[dict] = []
+
+    async def warm_second(s, br, body):
+        sim = f"http://127.0.0.1:{second[br['session']]}/v1/chat/completions"
+        async with s.post(sim, data=json.dumps(body).encode(),
+                          headers={"Content-Type": "application/json"}) as r:
+            await r.read()
 
     async def send(s, br, kind, msgs):
         warm = kind == "warmup"
@@ -277,6 +289,7 @@ async def run_workload(port: int, branches: list[dict], send_key: bool, concurre
         rec = {"session": br["session"], "branch": br["branch"], "kind": kind, "status": None,
                "ttft": None, "backend": None, "route": None, "error": None, "prompt": None, "cached": None}
         t0 = time.perf_counter()
+        copy = (asyncio.ensure_future(warm_second(s, br, body)) if warm and second else None)
         try:
             async with s.post(url, data=json.dumps(body).encode(), headers=headers) as r:
                 rec["status"] = r.status
@@ -306,6 +319,8 @@ async def run_workload(port: int, branches: list[dict], send_key: bool, concurre
                         rec["error"] = "unexpected answer"
         except Exception as e:  # noqa: BLE001
             rec["error"] = repr(e)
+        if copy:
+            await asyncio.gather(copy, return_exceptions=True)
         rec["secs"] = time.perf_counter() - t0
         recs.append(rec)
 
@@ -416,7 +431,9 @@ def run_mode(bins, wd, procs, mode: str, variant: str, branches, a, kv_tokens: i
     cfg = gateway_config(wd, f"gw-{variant}-{mode}", mode, sim_ports, a, gw_port, gw_metrics)
     gw = C.start_gateway(procs, bins, f"gw-{variant}-{mode}", cfg, gw_port)
     try:
-        res = asyncio.run(run_workload(gw_port, branches, MODES[mode]["key"], a.concurrency, a.answer_tokens))
+        second = (second_choices(bins, cfg, branches) if a.warm_second and MODES[mode]["key"] else None)
+        res = asyncio.run(run_workload(gw_port, branches, MODES[mode]["key"], a.concurrency, a.answer_tokens,
+                                       second))
         hits = queries = 0.0
         per_sim = []
         for p in sim_ports:
@@ -450,6 +467,7 @@ def run_mode(bins, wd, procs, mode: str, variant: str, branches, a, kv_tokens: i
         "ttft_hot_p50": C.pct(hot_ttft, 50) if hot_ttft else float("nan"),
         "ttft_hot_p99": C.pct(hot_ttft, 99) if hot_ttft else float("nan"),
         "rps": ok_all / res["wall"], "ptps": queries / res["wall"],
+        "turn_hit": (sum(r["cached"] or 0 for r in ok_turns) / max(1, sum(r["prompt"] or 0 for r in ok_turns))),
         "requests": len(recs), "ok": ok_all, "n503": n503,
         "n503_warmup": sum(1 for r in recs if r["status"] == 503 and r["kind"] == "warmup"),
         "spills": sum(1 for r in recs if r["route"] == "spill"),
@@ -464,6 +482,19 @@ def run_mode(bins, wd, procs, mode: str, variant: str, branches, a, kv_tokens: i
         "per_sim_hit": [s["hits"] / s["queries"] if s["queries"] else 0 for s in per_sim],
         "hot_share": sum(1 for r in recs if r["session"] == 0) / len(recs),
     }
+
+
+def second_choices(bins: Path, cfg: Path, branches: list[dict]) -> dict[int, int]:
+    """Session -> the port of the backend its key ranks second, as
+    `poimen-gateway route` prints the ranking."""
+    out = {}
+    for sess in {br["session"] for br in branches}:
+        text = subprocess.run([str(bins / "poimen-gateway"), "route", "-c", str(cfg), "--model", MODEL,
+                               "--key", f"session-{sess:03d}"], capture_output=True, text=True, check=True).stdout
+        ranked = [ln.split() for ln in text.splitlines() if ln.strip()[:1].isdigit()]
+        second = next(f for f in ranked if f[0] == "2")
+        out[sess] = int(second[1].rsplit(":", 1)[1])
+    return out
 
 
 def by_route(samples: list[tuple]) -> dict[str, dict]:
@@ -505,7 +536,7 @@ def stickiness(recs: list[dict]) -> tuple[float, float]:
 # report
 
 
-MED_KEYS = ("hit_rate", "ttft_p50", "ttft_p99", "ttft_hot_p50", "ttft_hot_p99", "rps", "ptps", "n503", "spills",
+MED_KEYS = ("hit_rate", "turn_hit", "ttft_p50", "ttft_p99", "ttft_hot_p50", "ttft_hot_p99", "rps", "ptps", "n503", "spills",
             "wall", "other_errors", "n503_warmup", "load_max_min", "load_max_mean", "same_warm", "same_turn",
             "cell_secs")
 
@@ -541,7 +572,7 @@ def fmt_pct(x: float) -> str:
 
 
 def run_line(r: dict) -> str:
-    return (f"hit {r['hit_rate'] * 100:5.1f}%  TTFT p50 {r['ttft_p50']:6.0f} p99 {r['ttft_p99']:6.0f} ms  "
+    return (f"hit {r['hit_rate'] * 100:5.1f}% (turns {r['turn_hit'] * 100:5.1f}%)  TTFT p50 {r['ttft_p50']:6.0f} p99 {r['ttft_p99']:6.0f} ms  "
             f"{r['rps']:5.1f} req/s  503s {r['n503']:3.0f}  per sim max/min {fmt_ratio(r['load_max_min'])} "
             f"max/mean {fmt_ratio(r['load_max_mean'])}  same backend {fmt_pct(r['same_warm'])}/"
             f"{fmt_pct(r['same_turn'])}  routes {fmt_routes(r['routes'])}")
@@ -610,6 +641,9 @@ def main() -> int:
     ap.add_argument("--queue-depth", type=int, default=20, help="gateway max_queue_depth of every mode but *-q2")
     ap.add_argument("--small-queue-depth", type=int, default=2, help="gateway max_queue_depth of key-q2, spill-q2")
     ap.add_argument("--warmup-delay-ms", type=int, default=100)
+    ap.add_argument("--warm-second", action="store_true",
+                    help="experiment: keyed modes also send every warmup straight to the sim its key ranks second "
+                         "(a warm second choice, as a gateway fanning warmups out to two GPUs would make)")
     ap.add_argument("--no-warmups", action="store_true",
                     help="branches start with their first turn, no warmup (to see what warmups cost a mode)")
     ap.add_argument("--kv-tokens", type=int, default=0,
@@ -733,7 +767,10 @@ def render(a, kv, base, workloads, heads, oracles, med, runs, modes, variants, r
          "a warmup (`X-Poimen-Warmup: true`, `max_tokens: 1`, the system message alone) then ")
       + "streamed turns, each appending the previous "
       f"{a.answer_tokens}-token answer and a 75–200-token user message. At most {a.concurrency} branches in "
-      "flight; a 503 is counted and not retried (the conversation goes on).")
+      "flight; a 503 is counted and not retried (the conversation goes on)."
+      + (" `--warm-second` (experiment): in keyed modes every warmup is also sent straight to the sim its key "
+         "ranks second (a warm second choice); the copies count in the sims' hit rate and per-sim requests."
+         if a.warm_second else ""))
     for v in variants:
         o, h, wl = oracles[v], heads[v], workloads[v]
         top = sum(1 for b in wl if b["session"] == 0)
