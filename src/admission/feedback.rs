@@ -26,9 +26,10 @@
 //!   on the same burst of reports. Nothing waiting does not mean a free
 //!   slot, so a rise is a probe: one that had to be given back doubles the
 //!   wait before the next (up to [`MAX_GROW_WAIT`]), one whose borrowed
-//!   slots are used with nothing waiting resets it. On a fleet the clients
-//!   already fill evenly, the replicas then stop queueing requests at the
-//!   backend every few hundred milliseconds.
+//!   slots are used with nothing waiting resets it, so a fleet whose
+//!   clients already fill it probes less often. (A report comes with a
+//!   response, often from a request that just left the backend's queue, so
+//!   "nothing waiting" is over-reported and the reset comes often.)
 //! - no report for [`REPORT_TTL`]: the information is stale, back to the
 //!   static share.
 //!
