@@ -6,11 +6,12 @@
 //! `cargo bench --bench body`
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use poimen_gateway::api::Api;
 use poimen_gateway::body;
 use poimen_gateway::routing::Policy;
 use serde_json::json;
 
-const CHAT: &str = "/v1/chat/completions";
+const CHAT: Api = Api::ChatCompletions;
 
 /// An agent's turn: a system message of `system` bytes, then `turns`
 /// question/answer pairs of about 600 bytes, `model` last (as the SDKs

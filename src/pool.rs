@@ -28,13 +28,13 @@ use crate::discovery::Discovery;
 use crate::exclusion::{CurrentExclusions, Exclusions};
 use crate::health::RestoreOnHealthy;
 use crate::metrics;
-use crate::routing::moves::Moves;
-use crate::routing::{Candidate, Policy, Request, Router, Status};
+use crate::routing::{Input, Plan, Router, Routing, Status};
 use crate::tls::{self, BackendTls};
 
 pub struct ModelPool {
     pub name: String,
-    pub policy: Policy,
+    /// The model's routing policy and the state it keeps.
+    pub routing: Routing,
     limits: Limits,
     /// `scheduler.load_feedback`: the most slots a backend's reports may lend.
     load_feedback: Option<Fleet>,
@@ -45,8 +45,6 @@ pub struct ModelPool {
     /// Backends that left the set, until no request holds their admission.
     retired: Mutex<Vec<(SocketAddr, Arc<Admission>)>>,
     pub series: metrics::ModelSeries,
-    /// Where bounded load moved conversations; kept across backend sets.
-    pub moves: Arc<Moves>,
 }
 
 /// One backend set and the state routing reads: replaced whole when the
@@ -66,15 +64,21 @@ struct Member {
 }
 
 impl Members {
-    /// The candidates for a request, best first, leaving out the backends
-    /// it already failed on. `Err` carries the time until the earliest
-    /// excluded backend returns.
-    pub fn candidates(&self, req: Request, now: Instant) -> Result<Vec<Candidate>, Duration> {
+    /// Route `input` among these backends as `routing` decides: the
+    /// candidates, best first, leaving out the backends it already failed
+    /// on. `Err` carries the time until the earliest excluded backend
+    /// returns.
+    pub fn route<'a>(
+        &self,
+        routing: &'a Routing,
+        input: &'a mut Input,
+        now: Instant,
+    ) -> Result<Plan<'a>, Duration> {
         // The health check's verdict is not used to exclude: a slow /health
         // on a busy backend must not take it out. Only real failures do.
         // The slot limit only matters to bounded load (and takes a lock
         // when load feedback moves it).
-        let bounded = self.router.bounded();
+        let bounded = routing.bounded();
         let status = |addr: &SocketAddr| {
             let admission = self.admission(addr);
             Status {
@@ -83,8 +87,8 @@ impl Members {
                 slots: admission.filter(|_| bounded).map_or(0, |a| a.slot_limit()),
             }
         };
-        self.router
-            .rank(req, status)
+        routing
+            .route(&self.router, input, status, now)
             .ok_or_else(|| self.exclusions.retry_after(now))
     }
 
@@ -160,14 +164,13 @@ impl ModelPool {
         }
         let pool = ModelPool {
             name: model.name.clone(),
-            policy: model.policy.clone(),
+            routing: Routing::new(model.policy.clone()),
             limits: model.limits,
             load_feedback: model.load_feedback,
             backends: Backends::new_with_health_registry(Box::new(discovery), registry),
             members,
             retired: Mutex::default(),
             series: metrics::ModelSeries::new(&model.name),
-            moves: Arc::default(),
         };
         pool.first_update();
         (pool, service)
@@ -217,8 +220,8 @@ impl ModelPool {
     /// How many conversations bounded load moved to each current backend
     /// (for the metric).
     pub fn moved_reading(&self) -> metrics::Reading {
-        let (members, moves) = (self.members.clone(), self.moves.clone());
-        Arc::new(move |now| moves.counts(members.load().addrs(), now))
+        let (members, counts) = (self.members.clone(), self.routing.moved_counts());
+        Arc::new(move |now| counts(members.load().addrs(), now))
     }
 
     /// Run discovery; rebuild the members if the set changed; let go of
@@ -286,7 +289,7 @@ impl ModelPool {
         );
         drop(retired);
         self.members.store(Arc::new(Members {
-            router: Router::new(&self.policy, listed),
+            router: Router::new(self.routing.policy(), listed),
             exclusions: Arc::new(old.exclusions.carried_to(&addrs)),
             backends,
         }));
@@ -334,7 +337,11 @@ mod tests {
     use crate::admission::Class;
     use crate::config::{BackendConfig, DiscoveryConfig, Target};
     use crate::discovery::Entries;
-    use crate::routing::{Affinity, Route};
+    use bytes::Bytes;
+    use http::HeaderValue;
+
+    use crate::api::Api;
+    use crate::routing::{Policy, Route};
 
     fn addr(i: u16) -> SocketAddr {
         SocketAddr::from(([127, 0, 0, 1], 9000 + i))
@@ -479,9 +486,11 @@ mod tests {
     fn an_excluded_backend_falls_back_then_returns_after_the_window() {
         let p = pool(4);
         let now = Instant::now();
+        let routing = Routing::new(Policy::default());
         let best = |t| {
-            p.candidates(Request::new(Affinity::Key(b"k1"), &[]), t)
-                .unwrap()[0]
+            let key = Some(HeaderValue::from_static("k1"));
+            let mut input = routing.input(key, false, Api::ChatCompletions, Bytes::new());
+            p.route(&routing, &mut input, t).unwrap().candidates[0]
         };
         let first = best(now);
         assert_eq!(first.route, Route::Hash);
@@ -499,12 +508,11 @@ mod tests {
         p.exclusions().exclude(p.addrs()[0], now);
         p.exclusions()
             .exclude(p.addrs()[1], now + Duration::from_secs(10));
-        let wait = p
-            .candidates(
-                Request::new(Affinity::None, &[]),
-                now + Duration::from_secs(10),
-            )
-            .unwrap_err();
+        let routing = Routing::new(Policy::default());
+        let mut input = routing.input(None, false, Api::ChatCompletions, Bytes::new());
+        let Err(wait) = p.route(&routing, &mut input, now + Duration::from_secs(10)) else {
+            panic!("every backend is excluded");
+        };
         assert!(wait <= Duration::from_secs(20) && wait > Duration::from_secs(19));
     }
 }

@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use poimen_gateway::api::Api;
 use poimen_gateway::routing::prefix::{self, Head};
 use poimen_gateway::routing::rendezvous::rank;
 use serde_json::json;
@@ -274,13 +275,8 @@ async fn keyless_turns_of_a_conversation_stay_on_one_backend() {
     let mut used = std::collections::BTreeSet::new();
     for c in 0..10 {
         let body = turn(c, 0).to_string();
-        let derived = prefix::derive(
-            "/v1/chat/completions",
-            body.as_bytes(),
-            Head::FirstUser,
-            2048,
-        )
-        .unwrap();
+        let derived =
+            prefix::derive(Api::ChatCompletions, body.as_bytes(), Head::FirstUser, 2048).unwrap();
         let want = ranking(derived.as_str(), &bs)[0].clone();
         for n in 0..4 {
             let resp = client()
@@ -314,7 +310,7 @@ async fn keyless_turns_of_a_conversation_stay_on_one_backend() {
     eventually("40 lines", || async { gw.cache_lines().len() == 40 }).await;
     let lines = gw.cache_lines();
     let first = prefix::derive(
-        "/v1/chat/completions",
+        Api::ChatCompletions,
         turn(0, 0).to_string().as_bytes(),
         Head::FirstUser,
         2048,
@@ -348,7 +344,7 @@ async fn keyless_system_keeps_a_sessions_warmup_and_sub_agents_together() {
     for s in 0..12 {
         let system = json!({"role": "system", "content": format!("agent memory of session {s}")});
         let derived = prefix::derive(
-            "/v1/chat/completions",
+            Api::ChatCompletions,
             json!({"messages": [system.clone()], "model": "m"})
                 .to_string()
                 .as_bytes(),

@@ -4,6 +4,7 @@
 use http::HeaderValue;
 use pingora::http::RequestHeader;
 
+use crate::api::Api;
 use crate::errors::ApiError;
 
 pub const CACHE_KEY: &str = "x-poimen-cache-key";
@@ -22,14 +23,9 @@ pub fn cache_key(req: &RequestHeader) -> Result<Option<HeaderValue>, ApiError> {
     Ok(first)
 }
 
-/// A completion endpoint: where warmups and cache accounting apply.
-pub fn is_completion(req: &RequestHeader) -> bool {
-    matches!(req.uri.path(), "/v1/chat/completions" | "/v1/completions")
-}
-
-/// `X-Poimen-Warmup: true` (or `1`, any case) on a completion endpoint.
-pub fn is_warmup(req: &RequestHeader) -> bool {
-    is_completion(req)
+/// `X-Poimen-Warmup: true` (or `1`, any case) on a completion.
+pub fn is_warmup(req: &RequestHeader, api: Api) -> bool {
+    api.is_completion()
         && req.headers.get_all(WARMUP).iter().any(|v| {
             let v = v.as_bytes();
             v.eq_ignore_ascii_case(b"true") || v == b"1"
@@ -66,23 +62,21 @@ mod tests {
         r
     }
 
+    fn warm(path: &str, headers: &[(&str, &str)]) -> bool {
+        is_warmup(&req(path, headers), Api::of_path(path))
+    }
+
     #[test]
     fn warmup_marker_values_and_endpoints() {
         for v in ["true", "TRUE", "True", "1"] {
-            assert!(
-                is_warmup(&req("/v1/chat/completions", &[(WARMUP, v)])),
-                "{v}"
-            );
-            assert!(is_warmup(&req("/v1/completions", &[(WARMUP, v)])), "{v}");
+            assert!(warm("/v1/chat/completions", &[(WARMUP, v)]), "{v}");
+            assert!(warm("/v1/completions", &[(WARMUP, v)]), "{v}");
         }
         for v in ["false", "0", "yes", ""] {
-            assert!(
-                !is_warmup(&req("/v1/chat/completions", &[(WARMUP, v)])),
-                "{v}"
-            );
+            assert!(!warm("/v1/chat/completions", &[(WARMUP, v)]), "{v}");
         }
-        assert!(!is_warmup(&req("/v1/embeddings", &[(WARMUP, "true")])));
-        assert!(!is_warmup(&req("/v1/chat/completions", &[])));
+        assert!(!warm("/v1/embeddings", &[(WARMUP, "true")]));
+        assert!(!warm("/v1/chat/completions", &[]));
     }
 
     #[test]

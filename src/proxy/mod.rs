@@ -1,6 +1,7 @@
 //! The Pingora glue: `Gateway` implements `ProxyHttp` and reads as a table of
-//! contents. Decisions are made by the plain modules (`body`, `pool`,
-//! `selection`, `admission`); this file wires them into Pingora's phases:
+//! contents. Decisions are made by the plain modules (`body`, `routing`,
+//! `admission`, `accounting`, `retry`); this file wires them into Pingora's
+//! phases:
 //!
 //! - `request_filter`: answer local endpoints; read the body and find the
 //!   model; delay a warmup; choose the backend and take a slot on it;
@@ -41,6 +42,7 @@ use pingora::ErrorType;
 
 use crate::accounting::Tracker;
 use crate::admission::Permit;
+use crate::api::Api;
 use crate::auth::{self, jwt::Verifier, Reason};
 use crate::body;
 use crate::config::{GatewayConfig, JwksSource};
@@ -50,8 +52,7 @@ use crate::load_report;
 use crate::metrics;
 use crate::pool::{Members, ModelPool};
 use crate::retry::{self, Decision, Failure};
-use crate::routing::prefix::DerivedKey;
-use crate::routing::{Affinity, Candidate, Request};
+use crate::routing::{Candidate, Input};
 use endpoints::Endpoint;
 use respond::{respond, respond_json, Stop};
 
@@ -68,99 +69,80 @@ pub struct Gateway {
     started: u64,
 }
 
-/// What one request decided, carried across Pingora's phases. Dropped by
-/// Pingora at the end of every request, which frees whatever it still holds.
-#[derive(Default)]
+/// What one request has decided so far, carried across Pingora's phases.
+/// Dropped by Pingora at the end of every request, which frees whatever it
+/// still holds.
 pub struct RequestCtx {
-    started: Option<Instant>,
-    pool: Option<Arc<ModelPool>>,
-    /// The pool's backend set this request was last routed in: it keeps
-    /// the chosen backend's state alive until the request ends, also when
-    /// discovery removes the backend meanwhile.
-    members: Option<Arc<Members>>,
-    cache_key: Option<HeaderValue>,
-    /// No header, `keyless: prefix`: the key derived from the body.
-    derived_key: Option<DerivedKey>,
-    /// Under bounded load, the conversation this request continues, once
-    /// looked for.
-    conversation: Option<u64>,
-    warmup: bool,
-    /// The body read in `request_filter` (rewritten if the gateway added
-    /// `stream_options`), emitted on every attempt.
-    body: Option<Bytes>,
-    /// Prefix-cache accounting, for completions.
-    tracker: Option<Tracker>,
+    started: Instant,
+    phase: Phase,
     /// Time to the first response body byte.
     first_byte: Option<Duration>,
-    /// Backends this request already failed on.
-    failed: Vec<SocketAddr>,
-    /// The current attempt, or the next one once admitted.
-    attempt: Option<Attempt>,
     /// An error decided by the gateway, rendered by `fail_to_proxy`.
     error: Option<ApiError>,
 }
 
+/// How far a request got.
+enum Phase {
+    /// Not routed: answered by the gateway itself, or refused before its
+    /// model was known.
+    Local,
+    /// Its model is known, but no backend has it (refused, or the client
+    /// left while it waited): counted under that model.
+    Unserved(Arc<ModelPool>),
+    /// A backend admitted it.
+    Routed(Box<Routed>),
+}
+
+/// A request a backend admitted: what every later phase uses.
+struct Routed {
+    pool: Arc<ModelPool>,
+    /// What routing reads of it, for a retry's routing and the log line.
+    input: Input,
+    /// The body read in `request_filter` (rewritten if the gateway added
+    /// `stream_options`), emitted on every attempt.
+    body: Bytes,
+    /// Prefix-cache accounting, for completions.
+    tracker: Option<Tracker>,
+    attempt: Attempt,
+}
+
 /// One try at one backend: where, why, and the slot it holds there.
-pub struct Attempt {
+struct Attempt {
+    /// The backend set it was routed in: it keeps the backend's state alive
+    /// until the request ends, also when discovery removes the backend
+    /// meanwhile.
+    members: Arc<Members>,
     candidate: Candidate,
+    /// Freed as soon as the backend is done with the request.
     permit: Option<Permit>,
-    state: AttemptState,
+    /// Its backend failed: the next attempt goes elsewhere.
+    failed: bool,
     response_started: bool,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum AttemptState {
-    /// Admitted, not yet handed to Pingora.
-    Admitted,
-    /// Handed to Pingora: connecting or under way.
-    Sent,
-    /// Its pooled connection was closed: connect again, same slot.
-    Reconnect,
-    /// Its backend failed: the next attempt goes elsewhere.
-    Failed,
-}
-
 impl RequestCtx {
-    fn affinity(&self) -> Affinity<'_> {
-        match (&self.cache_key, &self.derived_key) {
-            (Some(k), _) => Affinity::Key(k.as_bytes()),
-            (None, Some(d)) => Affinity::Derived(d.as_bytes()),
-            (None, None) => Affinity::None,
+    fn routed(&self) -> Option<&Routed> {
+        match &self.phase {
+            Phase::Routed(r) => Some(r),
+            _ => None,
         }
     }
 
-    fn routing_request(&self, moved_to: Option<SocketAddr>) -> Request<'_> {
-        Request {
-            affinity: self.affinity(),
-            warmup: self.warmup,
-            tried: &self.failed,
-            moved_to,
+    fn routed_mut(&mut self) -> Option<&mut Routed> {
+        match &mut self.phase {
+            Phase::Routed(r) => Some(r),
+            _ => None,
         }
-    }
-
-    /// The conversation this request continues (bounded load), found the
-    /// first time it is needed: it scans the body, so only once some
-    /// conversation has moved or this one moves.
-    fn conversation(&mut self, pool: &ModelPool, path: &str) -> Option<u64> {
-        if self.conversation.is_none() && !self.warmup {
-            let found = self
-                .affinity()
-                .key()
-                .zip(self.body.as_deref())
-                .and_then(|(key, body)| pool.policy.conversation(key, path, body));
-            self.conversation = found;
-        }
-        self.conversation
     }
 
     fn response_started(&self) -> bool {
-        self.attempt.as_ref().is_some_and(|a| a.response_started)
+        self.routed().is_some_and(|r| r.attempt.response_started)
     }
 
     /// The backend is done with this request: free its slot.
     fn release_slot(&mut self) {
-        if let Some(a) = &mut self.attempt {
-            a.permit = None;
+        if let Some(r) = self.routed_mut() {
+            r.attempt.permit = None;
         }
     }
 }
@@ -194,7 +176,7 @@ impl Gateway {
         let readings = |read: fn(&ModelPool) -> metrics::Reading, bounded_only: bool| {
             pools
                 .values()
-                .filter(|p| !bounded_only || p.policy.balance_factor.is_some())
+                .filter(|p| !bounded_only || p.routing.bounded())
                 .map(|p| (p.name.clone(), read(p)))
                 .collect()
         };
@@ -254,56 +236,90 @@ impl Gateway {
 
     /// Read the body, resolve the model, delay a warmup, take a slot.
     async fn prepare(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<(), Stop> {
-        ctx.cache_key = headers::cache_key(session.req_header())?;
-        ctx.warmup = headers::is_warmup(session.req_header());
+        let req = session.req_header();
+        let cache_key = headers::cache_key(req)?;
+        let api = Api::of_path(req.uri.path());
+        let warmup = headers::is_warmup(req, api);
         let raw = body_reader::read_whole(session, self.config.max_request_body_bytes).await?;
         let facts = body::inspect(&raw).map_err(|e| ApiError::BadRequest(e.to_string()))?;
         let pool = self
             .pools
             .get(facts.model.as_ref())
-            .ok_or_else(|| ApiError::UnknownModel(facts.model.to_string()))?;
-        ctx.pool = Some(pool.clone());
-        if ctx.cache_key.is_none() {
-            let path = session.req_header().uri.path();
-            ctx.derived_key = pool.policy.derived_key(path, &raw);
-        }
-        let completion = headers::is_completion(session.req_header());
+            .ok_or_else(|| ApiError::UnknownModel(facts.model.to_string()))?
+            .clone();
+        ctx.phase = Phase::Unserved(pool.clone());
         // A stream whose client did not ask for usage: ask for it, and hide
         // the extra chunk from the client.
-        let add_usage =
-            completion && self.config.stream_usage && facts.stream && !facts.stream_options;
-        if completion {
-            ctx.tracker = Some(Tracker::new(add_usage));
-        }
-        ctx.body = Some(if add_usage {
+        let add_usage = api.is_completion()
+            && self.config.stream_usage
+            && facts.stream
+            && !facts.stream_options;
+        let tracker = api.is_completion().then(|| Tracker::new(add_usage));
+        let body: Bytes = if add_usage {
             body::with_stream_usage(&raw).into()
         } else {
             raw
-        });
-        if ctx.warmup {
+        };
+        let mut input = pool.routing.input(cache_key, warmup, api, body.clone());
+        if warmup {
             self.warmup_delay(session).await?;
         }
-        self.admit(session, ctx).await
+        let attempt = self.admit(session, &pool, &mut input).await?;
+        ctx.phase = Phase::Routed(Box::new(Routed {
+            pool,
+            input,
+            body,
+            tracker,
+            attempt,
+        }));
+        Ok(())
     }
 
     /// Act on a failed attempt as the retry policy decides; true to retry.
     fn on_failure(&self, ctx: &mut RequestCtx, failure: Failure, e: &Error) -> bool {
-        let decision = retry::decide(&failure);
-        let Some(attempt) = &mut ctx.attempt else {
+        let Some(routed) = ctx.routed_mut() else {
             return false;
         };
-        match decision {
+        match retry::decide(&failure) {
             Decision::GiveUp => false,
-            Decision::Reconnect => {
-                attempt.state = AttemptState::Reconnect;
+            // Its pooled connection was closed: connect again, same slot.
+            Decision::Reconnect => true,
+            Decision::ExcludeAndRetry => {
+                let addr = routed.attempt.candidate.addr;
+                routed.attempt.failed = true;
+                routed.input.failed_on(addr);
+                self.exclude(&routed.pool.name, &routed.attempt.members, addr, e);
                 true
             }
-            Decision::ExcludeAndRetry => {
-                attempt.state = AttemptState::Failed;
-                let addr = attempt.candidate.addr;
-                ctx.failed.push(addr);
-                self.exclude(ctx, addr, e);
-                true
+        }
+    }
+
+    /// The failed attempt's slot is freed and the request routed again,
+    /// among the backends it has not failed on. When none takes it, the
+    /// request is unserved and the answer is the error.
+    async fn retry(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<()> {
+        let Some(routed) = ctx.routed_mut() else {
+            return Ok(());
+        };
+        routed.attempt.permit = None;
+        let pool = routed.pool.clone();
+        let stop = match self.admit(session, &pool, &mut routed.input).await {
+            Ok(attempt) => {
+                routed.attempt = attempt;
+                return Ok(());
+            }
+            Err(stop) => stop,
+        };
+        ctx.phase = Phase::Unserved(pool);
+        match stop {
+            Stop::ClientGone(e) => Err(e),
+            Stop::Answer(e) => {
+                let status = e.status();
+                ctx.error = Some(e);
+                Err(Error::explain(
+                    ErrorType::HTTPStatus(status),
+                    "no backend left to retry on",
+                ))
             }
         }
     }
@@ -311,17 +327,14 @@ impl Gateway {
     /// A backend failed before answering: count it, leave it out for the
     /// window, and say why (a refused connection, a certificate that did not
     /// verify, ...).
-    fn exclude(&self, ctx: &RequestCtx, addr: SocketAddr, why: &Error) {
-        let (Some(pool), Some(members)) = (&ctx.pool, &ctx.members) else {
-            return;
-        };
+    fn exclude(&self, model: &str, members: &Members, addr: SocketAddr, why: &Error) {
         if let Some(series) = members.series(&addr) {
             series.failures.inc();
         }
         if members.exclusions().exclude(addr, Instant::now()) {
             warn!(
                 event = "backend_excluded",
-                model = pool.name.as_str(),
+                model = model,
                 backend:display = addr,
                 for_secs = self.config.failure_exclusion.as_secs(),
                 error = why.etype().as_str(),
@@ -337,11 +350,16 @@ impl ProxyHttp for Gateway {
     type CTX = RequestCtx;
 
     fn new_ctx(&self) -> RequestCtx {
-        RequestCtx::default()
+        // Pingora makes the context once the request header is read.
+        RequestCtx {
+            started: Instant::now(),
+            phase: Phase::Local,
+            first_byte: None,
+            error: None,
+        }
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
-        ctx.started = Some(Instant::now());
         // An answer given before the body was read whole (401, 413, ...):
         // Pingora would close the connection with the rest of the body
         // unread, which resets it, and a client still sending (curl -T, any
@@ -402,38 +420,16 @@ impl ProxyHttp for Gateway {
         session: &mut Session,
         ctx: &mut RequestCtx,
     ) -> Result<Box<HttpPeer>> {
-        if ctx
-            .attempt
-            .as_ref()
-            .is_some_and(|a| a.state == AttemptState::Failed)
-        {
-            // Free the failed backend's slot, then take one on the next
-            // backend in the ranking.
-            ctx.attempt = None;
-            match self.admit(session, ctx).await {
-                Ok(()) => {}
-                Err(Stop::ClientGone(e)) => return Err(e),
-                Err(Stop::Answer(e)) => {
-                    let status = e.status();
-                    ctx.error = Some(e);
-                    return Err(Error::explain(
-                        ErrorType::HTTPStatus(status),
-                        "no backend left to retry on",
-                    ));
-                }
-            }
+        if ctx.routed().is_some_and(|r| r.attempt.failed) {
+            self.retry(session, ctx).await?;
         }
-        let attempt = ctx
-            .attempt
-            .as_mut()
-            .ok_or_else(|| Error::explain(ErrorType::InternalError, "no backend chosen"))?;
-        attempt.state = AttemptState::Sent;
+        // `request_filter` proxies a request only once a backend admitted it.
+        let attempt = &ctx
+            .routed()
+            .ok_or_else(|| Error::explain(ErrorType::InternalError, "request not routed"))?
+            .attempt;
         // The set the backend was chosen in, which knows how to reach it.
-        let members = ctx
-            .members
-            .as_ref()
-            .ok_or_else(|| Error::explain(ErrorType::InternalError, "no model chosen"))?;
-        let mut peer = members.peer(attempt.candidate.addr);
+        let mut peer = attempt.members.peer(attempt.candidate.addr);
         peer.options.connection_timeout = Some(self.config.connect_timeout);
         // Both the wait for the response header and for each body chunk.
         peer.options.read_timeout = Some(self.config.read_timeout);
@@ -446,13 +442,16 @@ impl ProxyHttp for Gateway {
         upstream: &mut RequestHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
-        if let Some(body) = &ctx.body {
-            // The gateway's copy goes upstream in one piece, whatever the
-            // client's framing (chunked) or length (before a rewrite).
-            upstream.remove_header(&http::header::TRANSFER_ENCODING);
-            upstream.insert_header(http::header::CONTENT_LENGTH, HeaderValue::from(body.len()))?;
-        }
-        headers::rewrite_upstream(upstream, ctx.warmup, self.config.warmup.vllm_priority)?;
+        let Some(routed) = ctx.routed() else {
+            return Ok(());
+        };
+        // The gateway's copy goes upstream in one piece, whatever the
+        // client's framing (chunked) or length (before a rewrite).
+        upstream.remove_header(&http::header::TRANSFER_ENCODING);
+        let length = HeaderValue::from(routed.body.len());
+        upstream.insert_header(http::header::CONTENT_LENGTH, length)?;
+        let warmup = routed.input.warmup();
+        headers::rewrite_upstream(upstream, warmup, self.config.warmup.vllm_priority)?;
         // The client's credentials are for the gateway, not for vLLM.
         upstream.remove_header(&http::header::AUTHORIZATION);
         if let Some(key) = &self.config.upstream_api_key {
@@ -475,9 +474,9 @@ impl ProxyHttp for Gateway {
     ) -> Result<()> {
         // The body was read whole before routing: the patched Pingora calls
         // this once per attempt, at the end of the body (see body_reader).
-        if let Some(full) = &ctx.body {
+        if let Some(routed) = ctx.routed() {
             *body = Some(if end_of_stream {
-                full.clone()
+                routed.body.clone()
             } else {
                 Bytes::new()
             });
@@ -531,13 +530,14 @@ impl ProxyHttp for Gateway {
         response: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
-        if let Some(a) = &mut ctx.attempt {
-            a.response_started = true;
-        }
+        let Some(routed) = ctx.routed_mut() else {
+            return Ok(());
+        };
+        routed.attempt.response_started = true;
         if self.config.load_feedback {
-            take_load_report(response, ctx);
+            take_load_report(response, &routed.attempt);
         }
-        if let Some(tracker) = &mut ctx.tracker {
+        if let Some(tracker) = &mut routed.tracker {
             if tracker.on_header(response.status.as_u16(), &response.headers) {
                 // The stream loses a chunk: its length is no longer known.
                 response.remove_header(&http::header::CONTENT_LENGTH);
@@ -557,10 +557,8 @@ impl ProxyHttp for Gateway {
             // new process for their next request.
             session.set_keepalive(None);
         }
-        if let Some(a) = &ctx.attempt {
-            // The candidate came from these members (`admit`).
-            let members = ctx.members.as_ref();
-            if let Some(s) = members.and_then(|m| m.series(&a.candidate.addr)) {
+        if let Some(Routed { attempt: a, .. }) = ctx.routed() {
+            if let Some(s) = a.members.series(&a.candidate.addr) {
                 response.insert_header("X-Poimen-Backend", s.header.clone())?;
             }
             let route = HeaderValue::from_static(a.candidate.route.as_str());
@@ -577,9 +575,9 @@ impl ProxyHttp for Gateway {
         ctx: &mut RequestCtx,
     ) -> Result<Option<Duration>> {
         if ctx.first_byte.is_none() && body.as_ref().is_some_and(|b| !b.is_empty()) {
-            ctx.first_byte = ctx.started.map(|t| t.elapsed());
+            ctx.first_byte = Some(ctx.started.elapsed());
         }
-        if let Some(tracker) = &mut ctx.tracker {
+        if let Some(tracker) = ctx.routed_mut().and_then(|r| r.tracker.as_mut()) {
             tracker.on_body(body, end_of_stream);
         }
         if end_of_stream {
@@ -638,18 +636,13 @@ impl ProxyHttp for Gateway {
 /// Load feedback: hand the backend's report to its admission, and keep it
 /// from the client (the gateway asked for it; a fleet's load is not the
 /// client's business). A missing or malformed report changes nothing.
-fn take_load_report(response: &mut ResponseHeader, ctx: &RequestCtx) {
+fn take_load_report(response: &mut ResponseHeader, attempt: &Attempt) {
     let waiting = response
         .headers
         .get(load_report::HEADER)
         .and_then(|v| load_report::waiting(v.as_bytes()));
     response.remove_header(load_report::HEADER);
-    // The candidate came from these members (`admit`).
-    let admission = ctx
-        .attempt
-        .as_ref()
-        .zip(ctx.members.as_ref())
-        .and_then(|(a, members)| members.admission(&a.candidate.addr));
+    let admission = attempt.members.admission(&attempt.candidate.addr);
     if let (Some(waiting), Some(admission)) = (waiting, admission) {
         admission.report(waiting);
     }

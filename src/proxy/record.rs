@@ -1,27 +1,30 @@
 //! The end of a request: its metrics and, for a completion a backend
-//! answered, the `prefix_cache` log line (CAG-3 AC6/AC7).
+//! answered, the `prefix_cache` log line.
 
 use pingora::proxy::Session;
 
-use super::{Gateway, RequestCtx};
+use super::{Gateway, Phase, RequestCtx};
 use crate::accounting::Record;
 use crate::metrics;
 
 impl Gateway {
     pub(super) fn record(&self, session: &Session, ctx: &RequestCtx) {
-        let Some(pool) = &ctx.pool else {
-            return; // no model: a local answer or a bad request
+        let (pool, routed) = match &ctx.phase {
+            Phase::Local => return, // no model: a local answer or a bad request
+            Phase::Unserved(pool) => (pool, None),
+            Phase::Routed(routed) => (&routed.pool, Some(&**routed)),
         };
         // 499 (nginx's word for it): the client left before any answer.
         let status = session.response_written().map(|r| r.status);
         let status_code = status.as_ref().map_or("499", |s| s.as_str());
         let status = status.map_or(499, |s| s.as_u16());
-        let candidate = ctx.attempt.as_ref().map(|a| a.candidate);
-        let series = candidate.and_then(|c| ctx.members.as_ref()?.series(&c.addr));
+        let attempt = routed.map(|r| &r.attempt);
+        let candidate = attempt.map(|a| a.candidate);
+        let series = attempt.and_then(|a| a.members.series(&a.candidate.addr));
         let backend = series.map_or("none", |s| s.label.as_str());
         let route = candidate.map_or("none", |c| c.route.as_str());
         let model = pool.name.as_str();
-        let duration = ctx.started.map(|t| t.elapsed()).unwrap_or_default();
+        let duration = ctx.started.elapsed();
         // The one series whose labels vary per request (route, code).
         metrics::REQUESTS
             .with_label_values(&[model, backend, route, status_code])
@@ -31,7 +34,10 @@ impl Gateway {
             pool.series.time_to_first_byte.observe(ttfb.as_secs_f64());
         }
 
-        let Some(tracker) = ctx.tracker.as_ref().filter(|_| ctx.response_started()) else {
+        let Some((routed, tracker)) = routed
+            .filter(|r| r.attempt.response_started)
+            .and_then(|r| Some((r, r.tracker.as_ref()?)))
+        else {
             return;
         };
         let usage = tracker.usage();
@@ -46,13 +52,13 @@ impl Gateway {
             }
         }
         // Header values may carry any byte; the log shows UTF-8 as it is.
-        let cache_key = ctx
-            .cache_key
-            .as_ref()
+        let input = &routed.input;
+        let cache_key = input
+            .cache_key()
             .map(|k| String::from_utf8_lossy(k.as_bytes()));
         let record = Record {
             cache_key: cache_key.as_deref(),
-            derived_key: ctx.derived_key.as_ref().map(|k| k.as_str()),
+            derived_key: input.derived_key().map(|k| k.as_str()),
             usage,
             model,
             backend,

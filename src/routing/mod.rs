@@ -35,14 +35,18 @@
 //! 4. unit tests here, an integration test in `tests/routing.rs`, the README.
 
 mod bounded;
-pub mod moves;
+mod model;
+mod moves;
 pub mod prefix;
 pub mod rendezvous;
 mod round_robin;
 
 use std::net::SocketAddr;
 
+use crate::api::Api;
 use round_robin::RoundRobin;
+
+pub use model::{Input, Plan, Routing};
 
 /// Why a backend was chosen: shown to clients as `X-Poimen-Route`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,27 +99,32 @@ impl<'a> Affinity<'a> {
     }
 }
 
-/// What a request brings to routing.
+/// One ranking's input: the request's affinity, the backends it already
+/// failed on, and whether bounded load may move it.
 #[derive(Debug, Clone, Copy)]
 pub struct Request<'a> {
     pub affinity: Affinity<'a>,
-    /// A warmup exists to fill its key's first choice's cache: it is never
-    /// diverted for balance (it already yields to agent requests).
-    pub warmup: bool,
     /// Backends this request already failed on.
     pub tried: &'a [SocketAddr],
-    /// Where bounded load last moved this request's conversation
-    /// (`moves.rs`).
-    pub moved_to: Option<SocketAddr>,
+    pub balance: Balance,
+}
+
+/// Whether bounded load may move a request (`balance_factor`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Balance {
+    /// It stays on its key's first usable backend, whatever the load.
+    Fixed,
+    /// It may pass over a backend at its cap; `moved_to`: where its
+    /// conversation was last moved (`moves.rs`), tried first.
+    Movable { moved_to: Option<SocketAddr> },
 }
 
 impl<'a> Request<'a> {
     pub fn new(affinity: Affinity<'a>, tried: &'a [SocketAddr]) -> Self {
         Request {
             affinity,
-            warmup: false,
             tried,
-            moved_to: None,
+            balance: Balance::Movable { moved_to: None },
         }
     }
 }
@@ -173,21 +182,20 @@ impl Keyless {
 
 impl Policy {
     /// The key a request without `X-Poimen-Cache-Key` is ranked by: derived
-    /// from its body sent to `path`, when the policy says so and the body
-    /// has a head.
-    pub fn derived_key(&self, path: &str, body: &[u8]) -> Option<prefix::DerivedKey> {
+    /// from its body, when the policy says so and the body has a head.
+    pub fn derived_key(&self, api: Api, body: &[u8]) -> Option<prefix::DerivedKey> {
         match self.keyless {
-            Keyless::Derived(head) => prefix::derive(path, body, head, self.keyless_prefix_bytes),
+            Keyless::Derived(head) => prefix::derive(api, body, head, self.keyless_prefix_bytes),
             Keyless::RoundRobin => None,
         }
     }
 
     /// The conversation (`moves.rs`) of a request with affinity `key` and
-    /// `body` sent to `path`, when bounded load may move it.
-    pub fn conversation(&self, key: &[u8], path: &str, body: &[u8]) -> Option<u64> {
+    /// `body`, when bounded load may move it.
+    pub fn conversation(&self, key: &[u8], api: Api, body: &[u8]) -> Option<u64> {
         self.balance_factor?;
         let head = prefix::derive(
-            path,
+            api,
             body,
             prefix::Head::FirstUser,
             self.keyless_prefix_bytes,
@@ -241,9 +249,8 @@ impl Router {
     ) -> Option<Vec<Candidate>> {
         let Request {
             affinity,
-            warmup,
             tried,
-            moved_to,
+            balance,
         } = req;
         let (order, preferred): (Vec<usize>, Route) = match affinity {
             Affinity::Key(key) => (rendezvous::rank(key, &self.keyed), Route::Hash),
@@ -256,10 +263,9 @@ impl Router {
         let states: Vec<Status> = order.iter().map(|i| status(&self.addrs[*i])).collect();
         let usable = |pos: usize| !states[pos].excluded && !tried.contains(&self.addrs[order[pos]]);
         let first_usable = (0..order.len()).find(|p| usable(*p))?;
-        let bounded = match (affinity, self.balance_factor) {
-            (Affinity::None, _) | (_, None) => None,
-            _ if warmup => None,
-            (_, Some(factor)) => {
+        let bounded = match (affinity, self.balance_factor, balance) {
+            (Affinity::None, _, _) | (_, None, _) | (_, _, Balance::Fixed) => None,
+            (_, Some(factor), Balance::Movable { moved_to }) => {
                 let moved_to =
                     moved_to.and_then(|a| order.iter().position(|i| self.addrs[*i] == a));
                 self.first_under_cap(factor, &order, &states, usable, moved_to)

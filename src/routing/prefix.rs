@@ -35,6 +35,8 @@ use serde::de::{Deserializer, IgnoredAny, SeqAccess, Visitor};
 use serde::Deserialize;
 use xxhash_rust::xxh3::{xxh3_64, Xxh3Default};
 
+use crate::api::Api;
+
 /// A derived key: the head's hash as 16 lowercase hex digits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DerivedKey([u8; 16]);
@@ -72,17 +74,17 @@ pub enum Head {
     System,
 }
 
-/// The derived key of a request body sent to `path`, if it has a head.
-pub fn derive(path: &str, body: &[u8], head: Head, prompt_bytes: usize) -> Option<DerivedKey> {
-    let hash = match path {
-        "/v1/chat/completions" => {
+/// The derived key of a request body of `api`, if it has a head.
+pub fn derive(api: Api, body: &[u8], head: Head, prompt_bytes: usize) -> Option<DerivedKey> {
+    let hash = match api {
+        Api::ChatCompletions => {
             let chat = serde_json::from_slice::<ChatBody>(body).ok()?.messages?;
             match head {
                 Head::System => chat.system.or(chat.first_user),
                 Head::FirstUser => chat.first_user,
             }?
         }
-        "/v1/completions" => {
+        Api::Completions => {
             let prompt = match serde_json::from_slice::<CompletionBody>(body)
                 .ok()?
                 .prompt?
@@ -96,7 +98,7 @@ pub fn derive(path: &str, body: &[u8], head: Head, prompt_bytes: usize) -> Optio
             }
             xxh3_64(head)
         }
-        _ => return None,
+        Api::Other => return None,
     };
     Some(DerivedKey::new(hash))
 }
@@ -187,7 +189,7 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    const CHAT: &str = "/v1/chat/completions";
+    const CHAT: Api = Api::ChatCompletions;
 
     fn chat_with(head: Head, messages: serde_json::Value) -> Option<String> {
         let body = json!({"messages": messages, "model": "m"}).to_string();
@@ -245,7 +247,7 @@ mod tests {
         );
         let body = br#"{"prompt":"Once upon a time","model":"m"}"#;
         assert_eq!(
-            derive("/v1/completions", body, Head::FirstUser, 2048)
+            derive(Api::Completions, body, Head::FirstUser, 2048)
                 .unwrap()
                 .to_string(),
             format!("{:016x}", xxh3_64(b"Once upon a time"))
@@ -271,7 +273,7 @@ mod tests {
     fn a_completion_prompt_is_cut_at_the_configured_bytes() {
         let key = |p: &str, n| {
             let body = json!({"prompt": p, "model": "m"}).to_string();
-            derive("/v1/completions", body.as_bytes(), Head::FirstUser, n)
+            derive(Api::Completions, body.as_bytes(), Head::FirstUser, n)
         };
         assert_eq!(key("abcdef-1", 6), key("abcdef-2", 6));
         assert_ne!(key("abcdef-1", 8), key("abcdef-2", 8));
@@ -288,9 +290,9 @@ mod tests {
             assert_eq!(derive(CHAT, not_a_list, head, 2048), None);
             assert_eq!(derive(CHAT, b"not json", head, 2048), None);
             let tokens = br#"{"prompt":[1,2,3],"model":"m"}"#;
-            assert_eq!(derive("/v1/completions", tokens, head, 2048), None);
+            assert_eq!(derive(Api::Completions, tokens, head, 2048), None);
             let embeddings = br#"{"input":"x"}"#;
-            assert_eq!(derive("/v1/embeddings", embeddings, head, 2048), None);
+            assert_eq!(derive(Api::Other, embeddings, head, 2048), None);
         }
     }
 

@@ -323,7 +323,7 @@ fn keyless_requests_are_not_bounded_and_derived_keys_route_as_prefix() {
 }
 
 #[test]
-fn a_warmup_is_never_diverted_for_balance() {
+fn a_fixed_request_is_never_diverted_for_balance() {
     let r = bounded(3, 1.25);
     let owner = r
         .rank(Request::new(Affinity::Key(b"k"), &[]), idle)
@@ -338,11 +338,11 @@ fn a_warmup_is_never_diverted_for_balance() {
         .rank(Request::new(Affinity::Key(b"k"), &[]), busy)
         .unwrap();
     assert_eq!(agent[0].route, Route::Balance);
-    let warmup = Request {
-        warmup: true,
+    let fixed = Request {
+        balance: Balance::Fixed,
         ..Request::new(Affinity::Key(b"k"), &[])
     };
-    let c = r.rank(warmup, busy).unwrap();
+    let c = r.rank(fixed, busy).unwrap();
     assert_eq!((c[0].addr, c[0].route), (owner, Route::Hash));
 }
 
@@ -351,7 +351,7 @@ fn a_moved_conversation_stays_while_its_new_backend_is_under_its_cap() {
     let r = bounded(3, 1.25);
     let order = ranking(&r, b"k");
     let moved = |to: SocketAddr| Request {
-        moved_to: Some(to),
+        balance: Balance::Movable { moved_to: Some(to) },
         ..Request::new(Affinity::Key(b"k"), &[])
     };
     let first = |req: Request, status: &dyn Fn(&SocketAddr) -> Status| {
@@ -387,24 +387,24 @@ fn a_moved_conversation_stays_while_its_new_backend_is_under_its_cap() {
     assert_eq!(first(moved(order[2]), &excluded), (order[0], Route::Hash));
     let tried = [order[2]];
     let retry = Request {
-        moved_to: Some(order[2]),
-        ..Request::new(Affinity::Key(b"k"), &tried)
+        tried: &tried,
+        ..moved(order[2])
     };
     assert_eq!(first(retry, &idle), (order[0], Route::Fallback));
-    // Not bounded, or a warmup: a move is not followed.
+    // Not bounded, or fixed: a move is not followed.
     let pure = router(3);
     let c = pure.rank(moved(order[2]), idle).unwrap()[0];
     assert_eq!((c.addr, c.route), (order[0], Route::Hash));
-    let warmup = Request {
-        warmup: true,
+    let fixed = Request {
+        balance: Balance::Fixed,
         ..moved(order[2])
     };
-    assert_eq!(first(warmup, &idle), (order[0], Route::Hash));
+    assert_eq!(first(fixed, &idle), (order[0], Route::Hash));
 }
 
 #[test]
 fn a_conversation_is_known_only_under_bounded_load_and_lasts_across_turns() {
-    const CHAT: &str = "/v1/chat/completions";
+    const CHAT: Api = Api::ChatCompletions;
     let body = |turns: &[&str]| {
         let mut messages = vec![serde_json::json!({"role": "system", "content": "memory"})];
         for (i, t) in turns.iter().enumerate() {
@@ -429,7 +429,7 @@ fn a_conversation_is_known_only_under_bounded_load_and_lasts_across_turns() {
     assert_ne!(of(b"j", &["q"]), first);
     // No head (another endpoint): the key alone.
     assert_eq!(
-        policy.conversation(b"k", "/v1/embeddings", b"{}"),
+        policy.conversation(b"k", Api::Other, b"{}"),
         Some(moves::conversation(b"k", None))
     );
 }

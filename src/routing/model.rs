@@ -1,0 +1,299 @@
+//! One model's routing, the entry point the proxy calls: [`Routing`] holds
+//! the model's [`Policy`] and the state routing keeps (moved conversations,
+//! `moves.rs`); [`Input`] is what routing reads of one request, kept for its
+//! whole life; [`Routing::route`] ranks the candidates and hands back a
+//! [`Plan`], which the proxy tells which candidate admitted the request.
+//! The proxy decides nothing about routing.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::HeaderValue;
+
+use super::moves::Moves;
+use super::prefix::DerivedKey;
+use super::{Affinity, Balance, Candidate, Policy, Request, Route, Router, Status};
+use crate::api::Api;
+
+/// One model's routing policy and the state it keeps across requests and
+/// backend sets.
+pub struct Routing {
+    policy: Policy,
+    /// Where bounded load moved conversations.
+    moves: Arc<Moves>,
+}
+
+/// What routing reads of one request: its affinity, whether it is a
+/// warmup, its body (for its conversation) and the backends it failed on.
+pub struct Input {
+    /// `X-Poimen-Cache-Key`.
+    cache_key: Option<HeaderValue>,
+    /// No header: the key derived from the body (`routing.keyless`).
+    derived_key: Option<DerivedKey>,
+    warmup: bool,
+    api: Api,
+    body: Bytes,
+    tried: Vec<SocketAddr>,
+    /// The conversation bounded load may move, once looked for (it scans
+    /// the body, so only once some conversation has moved or this one
+    /// moves).
+    conversation: Option<Option<u64>>,
+}
+
+impl Input {
+    /// The request's affinity: its header key, else its derived key.
+    pub fn affinity(&self) -> Affinity<'_> {
+        match (&self.cache_key, &self.derived_key) {
+            (Some(k), _) => Affinity::Key(k.as_bytes()),
+            (None, Some(d)) => Affinity::Derived(d.as_bytes()),
+            (None, None) => Affinity::None,
+        }
+    }
+
+    pub fn cache_key(&self) -> Option<&HeaderValue> {
+        self.cache_key.as_ref()
+    }
+
+    pub fn derived_key(&self) -> Option<&DerivedKey> {
+        self.derived_key.as_ref()
+    }
+
+    pub fn warmup(&self) -> bool {
+        self.warmup
+    }
+
+    /// The request failed on `addr`: it is not routed there again.
+    pub fn failed_on(&mut self, addr: SocketAddr) {
+        self.tried.push(addr);
+    }
+
+    /// A warmup exists to fill its key's first choice's cache: bounded load
+    /// never moves it, and it belongs to no moved conversation.
+    fn movable(&self) -> bool {
+        !self.warmup
+    }
+
+    fn conversation(&mut self, policy: &Policy) -> Option<u64> {
+        if self.conversation.is_none() {
+            let found = match (self.movable(), self.affinity().key()) {
+                (true, Some(key)) => policy.conversation(key, self.api, &self.body),
+                _ => None,
+            };
+            self.conversation = Some(found);
+        }
+        self.conversation.flatten()
+    }
+}
+
+/// One routing decision: the candidates, best first, and the handle that
+/// records which one admitted the request.
+pub struct Plan<'a> {
+    pub candidates: Vec<Candidate>,
+    moves: &'a Moves,
+    policy: &'a Policy,
+    input: &'a mut Input,
+    now: Instant,
+}
+
+impl Plan<'_> {
+    /// `candidate` gave the request a slot or a queue place: a move for
+    /// balance is remembered, a conversation back on its first choice
+    /// forgets its move.
+    pub fn admitted(self, candidate: Candidate) {
+        if candidate.route != Route::Balance && self.moves.is_empty() {
+            return;
+        }
+        if let Some(conversation) = self.input.conversation(self.policy) {
+            self.moves
+                .record(conversation, candidate.route, candidate.addr, self.now);
+        }
+    }
+}
+
+impl Routing {
+    pub fn new(policy: Policy) -> Self {
+        Routing {
+            policy,
+            moves: Arc::default(),
+        }
+    }
+
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// Whether keyed requests are bounded by load (`balance_factor`).
+    pub fn bounded(&self) -> bool {
+        self.policy.balance_factor.is_some()
+    }
+
+    /// What routing reads of a request of `api` with this `body`: the
+    /// header key, else a key derived from the body when the policy says so.
+    pub fn input(
+        &self,
+        cache_key: Option<HeaderValue>,
+        warmup: bool,
+        api: Api,
+        body: Bytes,
+    ) -> Input {
+        let derived_key = match cache_key {
+            Some(_) => None,
+            None => self.policy.derived_key(api, &body),
+        };
+        Input {
+            cache_key,
+            derived_key,
+            warmup,
+            api,
+            body,
+            tried: Vec::new(),
+            conversation: None,
+        }
+    }
+
+    /// The candidates for `input` among `router`'s members, each in the
+    /// `status` it has now; `None` when no member is usable.
+    pub fn route<'a>(
+        &'a self,
+        router: &Router,
+        input: &'a mut Input,
+        status: impl Fn(&SocketAddr) -> Status,
+        now: Instant,
+    ) -> Option<Plan<'a>> {
+        let balance = if !input.movable() {
+            Balance::Fixed
+        } else if self.moves.is_empty() {
+            Balance::Movable { moved_to: None }
+        } else {
+            let moved_to = input
+                .conversation(&self.policy)
+                .and_then(|c| self.moves.get(c, now));
+            Balance::Movable { moved_to }
+        };
+        let request = Request {
+            affinity: input.affinity(),
+            tried: &input.tried,
+            balance,
+        };
+        let candidates = router.rank(request, status)?;
+        Some(Plan {
+            candidates,
+            moves: &self.moves,
+            policy: &self.policy,
+            input,
+            now,
+        })
+    }
+
+    /// How many conversations bounded load moved to each of `addrs` (for
+    /// the metric); read at scrape time, so it hands out its own handle.
+    pub fn moved_counts(&self) -> impl Fn(&[SocketAddr], Instant) -> Vec<(SocketAddr, i64)> {
+        let moves = self.moves.clone();
+        move |addrs, now| moves.counts(addrs, now)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn addrs() -> Vec<SocketAddr> {
+        (0..3)
+            .map(|i| SocketAddr::from(([127, 0, 0, 1], 9000 + i)))
+            .collect()
+    }
+
+    fn bounded() -> (Routing, Router) {
+        let policy = Policy {
+            balance_factor: Some(1.25),
+            ..Policy::default()
+        };
+        let router = Router::new(&policy, addrs().into_iter().map(|a| (a, 1)));
+        (Routing::new(policy), router)
+    }
+
+    /// A chat turn of the conversation that starts with `first`.
+    fn turn(routing: &Routing, first: &str, turns: usize, warmup: bool) -> Input {
+        let mut messages = vec![serde_json::json!({"role": "user", "content": first})];
+        for i in 1..turns {
+            messages.push(serde_json::json!({"role": "assistant", "content": i.to_string()}));
+            messages.push(serde_json::json!({"role": "user", "content": "more"}));
+        }
+        let body = serde_json::json!({"model": "m", "messages": messages}).to_string();
+        let key = Some(HeaderValue::from_static("k"));
+        routing.input(key, warmup, Api::ChatCompletions, body.into())
+    }
+
+    /// Route `input` with `busy` holding `load` and every other backend
+    /// idle; admitted at its first candidate, which is returned.
+    fn admit(
+        routing: &Routing,
+        router: &Router,
+        input: &mut Input,
+        busy: Option<SocketAddr>,
+    ) -> Candidate {
+        let status = |a: &SocketAddr| Status {
+            load: if Some(*a) == busy { 5 } else { 0 },
+            ..Status::default()
+        };
+        let plan = routing
+            .route(router, input, status, Instant::now())
+            .unwrap();
+        let chosen = plan.candidates[0];
+        plan.admitted(chosen);
+        chosen
+    }
+
+    #[test]
+    fn a_moved_conversation_is_remembered_and_followed_by_its_next_turns() {
+        let (routing, router) = bounded();
+        let owner = admit(&routing, &router, &mut turn(&routing, "q", 1, false), None);
+        assert_eq!(owner.route, Route::Hash);
+        let moved = admit(
+            &routing,
+            &router,
+            &mut turn(&routing, "q", 1, false),
+            Some(owner.addr),
+        );
+        assert_eq!(moved.route, Route::Balance);
+        // The next turn, with its first choice idle: where it was moved.
+        let next = admit(&routing, &router, &mut turn(&routing, "q", 2, false), None);
+        assert_eq!((next.addr, next.route), (moved.addr, Route::Balance));
+        // Another conversation of the same key: its own first choice.
+        let other = admit(
+            &routing,
+            &router,
+            &mut turn(&routing, "other", 1, false),
+            None,
+        );
+        assert_eq!(other.route, Route::Hash);
+    }
+
+    #[test]
+    fn a_warmup_is_never_moved_and_never_forgets_a_move() {
+        let (routing, router) = bounded();
+        let owner = admit(&routing, &router, &mut turn(&routing, "q", 1, false), None).addr;
+        let warmup = admit(
+            &routing,
+            &router,
+            &mut turn(&routing, "q", 1, true),
+            Some(owner),
+        );
+        assert_eq!((warmup.addr, warmup.route), (owner, Route::Hash));
+        let moved = admit(
+            &routing,
+            &router,
+            &mut turn(&routing, "q", 1, false),
+            Some(owner),
+        );
+        assert_eq!(moved.route, Route::Balance);
+        // A warmup of the conversation lands on the first choice, which
+        // does not count as the conversation coming back.
+        let warmup = admit(&routing, &router, &mut turn(&routing, "q", 2, true), None);
+        assert_eq!((warmup.addr, warmup.route), (owner, Route::Hash));
+        let next = admit(&routing, &router, &mut turn(&routing, "q", 3, false), None);
+        assert_eq!((next.addr, next.route), (moved.addr, Route::Balance));
+    }
+}
