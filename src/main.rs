@@ -1,22 +1,16 @@
 //! The daemon: Pingora's command line (`-c FILE`, `-t`, `-d`, `-u`), the
-//! gateway section checked before anything starts, then the proxy and the
-//! Prometheus services; or `route` (see `explain.rs`), which starts nothing.
+//! gateway section checked before anything starts, then the services
+//! (`services.rs`) until the server stops; or `route` (see `explain.rs`),
+//! which starts nothing.
 #![forbid(unsafe_code)]
 
 use std::process::ExitCode;
 
-use pingora::connectors::ConnectorOptions;
 use pingora::prelude::*;
-use pingora::proxy::ProxyServiceBuilder;
 use pingora::server::RunArgs;
-use pingora::services::background::background_service;
-use poimen_gateway::auth::fetch::{self, Refresher};
-use poimen_gateway::auth::jwt::Verifier;
-use poimen_gateway::config::{GatewayConfig, JwtConfig};
-use poimen_gateway::discovery;
-use poimen_gateway::logging;
-use poimen_gateway::proxy::Gateway;
-use poimen_gateway::tls;
+use poimen_gateway::auth::fetch;
+use poimen_gateway::config::GatewayConfig;
+use poimen_gateway::{discovery, logging, services};
 
 fn main() -> ExitCode {
     // `route` is ours; any other command line is Pingora's, which would
@@ -25,61 +19,41 @@ fn main() -> ExitCode {
         return poimen_gateway::explain::run(std::env::args_os().skip(2));
     }
     logging::init();
-    let code = run();
+    let code = match run(Opt::parse_args()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("poimen-gateway: {e}");
+            ExitCode::from(2)
+        }
+    };
     // Log lines are written by a thread of their own: write out what is
     // still queued before the process ends.
     logging::flush();
     code
 }
 
-/// The JWT verifier, its keys loaded (a `jwks_url` fetched, on a runtime of
-/// its own that ends before Pingora starts its runtimes or forks).
-fn load_jwt(config: &JwtConfig) -> Result<(Verifier, Option<Refresher>), String> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())?;
-    runtime.block_on(fetch::start(config))
+/// Why the daemon refused to start (exit status 2).
+#[derive(Debug, thiserror::Error)]
+enum StartError {
+    #[error("a configuration file is required: -c FILE")]
+    NoConfig,
+    #[error("{0}: {1}")]
+    Config(String, String),
 }
 
-fn run() -> ExitCode {
-    let opt = Opt::parse_args();
-    let Some(path) = opt.conf.clone() else {
-        eprintln!("poimen-gateway: a configuration file is required: -c FILE");
-        return ExitCode::from(2);
-    };
-    let config = match GatewayConfig::load(path.as_ref()) {
-        Ok(config) => config,
-        Err(e) => {
-            eprintln!("poimen-gateway: {path}: {e}");
-            return ExitCode::from(2);
-        }
-    };
+/// Check the file, then serve until the server stops; with `-t`, only check.
+fn run(opt: Opt) -> Result<(), StartError> {
+    let path = opt.conf.clone().ok_or(StartError::NoConfig)?;
+    let refused = |why: String| StartError::Config(path.clone(), why);
+    let config = GatewayConfig::load(path.as_ref()).map_err(|e| refused(e.to_string()))?;
     // The JWT keys, before anything starts: without them no token could be
     // verified. `-t` fetches them too, so a wrong URL shows before a reload.
-    let jwt = match config.jwt.as_ref().map(load_jwt).transpose() {
-        Ok(jwt) => jwt,
-        Err(e) => {
-            eprintln!("poimen-gateway: {path}: gateway.auth.jwt: {e}");
-            return ExitCode::from(2);
-        }
-    };
+    let jwt = (config.jwt.as_ref().map(fetch::load).transpose())
+        .map_err(|e| refused(format!("gateway.auth.jwt: {e}")))?;
     let test_only = opt.test;
     // Pingora reads its own keys from the same file.
-    let mut server = match Server::new(Some(opt)) {
-        Ok(server) => server,
-        Err(e) => {
-            eprintln!("poimen-gateway: {path}: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    let resolved = match discovery::resolve_checked(&config) {
-        Ok(resolved) => resolved,
-        Err(e) => {
-            eprintln!("poimen-gateway: {path}: {e}");
-            return ExitCode::from(2);
-        }
-    };
+    let mut server = Server::new(Some(opt)).map_err(|e| refused(e.to_string()))?;
+    let resolved = discovery::resolve_checked(&config).map_err(refused)?;
     // Names allowed not to resolve: the daemon adds their backends later.
     for name in &resolved.unresolved {
         match test_only {
@@ -92,48 +66,13 @@ fn run() -> ExitCode {
             println!("poimen-gateway: {path}: JWKS: {} keys", verifier.keys());
         }
         println!("poimen-gateway: {path}: configuration OK");
-        return ExitCode::SUCCESS;
+        return Ok(());
     }
     server.bootstrap();
-
-    let listen = config.listen.clone();
-    let metrics_listen = config.metrics_listen;
-    let upstream = tls::trusting(
-        ConnectorOptions::from_server_conf(&server.configuration),
-        config.upstream_ca_file.as_deref(),
-    );
-    let (verifier, refresher) = jwt.unzip();
-    let (gateway, health_checks) = Gateway::new(config, verifier, resolved);
-    let refresh = gateway.refresh_service();
-    let mut proxy = ProxyServiceBuilder::new(&server.configuration, gateway)
-        .client_options(upstream)
-        .build();
-    for l in listen {
-        let addr = l.addr.to_string();
-        match &l.tls {
-            Some(t) => proxy.add_tls_with_settings(&addr, None, tls::listener_settings(t)),
-            None => proxy.add_tcp(&addr),
-        }
-    }
-    let mut metrics = pingora_prometheus::prometheus_http_service();
-    metrics.add_tcp(&metrics_listen.to_string());
-    server.add_service(proxy);
-    server.add_service(metrics);
-    for (name, service) in health_checks {
-        server.add_service(background_service(&name, service));
-    }
-    if let Some(refresher) = refresher.flatten() {
-        server.add_service(background_service("jwks refresh", refresher));
-    }
-    if let Some(refresh) = refresh {
-        server.add_service(background_service("discovery", refresh));
-    }
-    if server.configuration.daemon {
-        logging::prepare_for_fork();
-    }
+    services::add(&mut server, config, jwt, resolved);
     // Not `run_forever`, which ends the process with `exit(0)` once the
     // services have stopped (on SIGTERM, SIGINT, or SIGQUIT for an upgrade):
     // `run` returns then, so `main` can flush the log.
     server.run(RunArgs::default());
-    ExitCode::SUCCESS
+    Ok(())
 }

@@ -146,6 +146,16 @@ impl Fetch for HttpFetcher {
     }
 }
 
+/// [`start`] before the daemon starts: on a runtime of its own that ends
+/// before Pingora starts its runtimes or forks.
+pub fn load(config: &JwtConfig) -> Result<(Verifier, Option<Refresher>), String> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    runtime.block_on(start(config))
+}
+
 /// The verifier of `config` with its keys loaded: a `jwks_url` is fetched
 /// now (an error names the URL), and comes with the service that keeps it
 /// current.

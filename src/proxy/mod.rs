@@ -41,6 +41,7 @@ use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::ErrorType;
 
 use crate::accounting::Tracker;
+use crate::admission::load_report;
 use crate::admission::Permit;
 use crate::api::Api;
 use crate::auth::{self, jwt::Verifier, Reason};
@@ -48,10 +49,9 @@ use crate::body;
 use crate::config::{GatewayConfig, JwksSource};
 use crate::discovery::{AtStart, Discovery, Refresh};
 use crate::errors::{self, ApiError};
-use crate::load_report;
+use crate::failover::{self, Decision, Failure};
 use crate::metrics;
 use crate::pool::{Members, ModelPool};
-use crate::retry::{self, Decision, Failure};
 use crate::routing::{Candidate, Input};
 use endpoints::Endpoint;
 use respond::{respond, respond_json, Stop};
@@ -280,7 +280,7 @@ impl Gateway {
         let Some(routed) = ctx.routed_mut() else {
             return false;
         };
-        match retry::decide(&failure) {
+        match failover::decide(&failure) {
             Decision::GiveUp => false,
             // Its pooled connection was closed: connect again, same slot.
             Decision::Reconnect => true,
@@ -516,7 +516,7 @@ impl ProxyHttp for Gateway {
             connecting: false,
             upstream: e.esource() == &ErrorSource::Upstream,
             response_started: ctx.response_started(),
-            unreachable: retry::unreachable(e.etype()),
+            unreachable: failover::unreachable(e.etype()),
             reused_connection: client_reused,
         };
         let retry = self.on_failure(ctx, failure, &e);

@@ -20,8 +20,8 @@ use pingora::lb::health_check::{HealthCheck, HttpHealthCheck};
 use pingora::lb::Backend;
 use pingora::prelude::HttpPeer;
 
+use super::exclusion::CurrentExclusions;
 use crate::config::{HealthCheckConfig, ModelConfig};
-use crate::exclusion::CurrentExclusions;
 use crate::tls::{self, BackendTls};
 
 pub struct RestoreOnHealthy {

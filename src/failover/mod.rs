@@ -1,5 +1,11 @@
-//! What to do when an attempt at a backend fails: plain policy, decided from
-//! what the proxy knows about the failure, unit-tested case by case.
+//! What a backend's failure does. Here, what to do when an attempt at a
+//! backend fails: plain policy, decided from what the proxy knows about the
+//! failure, unit-tested case by case. Beside it: the window a failed backend
+//! is left out for (`exclusion.rs`) and the health checks that may end it
+//! early (`health.rs`).
+
+pub mod exclusion;
+pub mod health;
 
 use pingora::ErrorType;
 

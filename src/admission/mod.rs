@@ -13,6 +13,7 @@
 //! freed (none is taken back), a higher one hands slots to waiters at once.
 
 mod feedback;
+pub mod load_report;
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};

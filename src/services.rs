@@ -1,0 +1,57 @@
+//! The services the daemon runs beside each other in one Pingora server:
+//! the proxy on every listener, the Prometheus endpoint, and the background
+//! work (health checks, JWKS refresh, DNS discovery).
+
+use pingora::connectors::ConnectorOptions;
+use pingora::proxy::ProxyServiceBuilder;
+use pingora::server::Server;
+use pingora::services::background::background_service;
+
+use crate::auth::fetch::Refresher;
+use crate::auth::jwt::Verifier;
+use crate::config::GatewayConfig;
+use crate::discovery::AtStart;
+use crate::proxy::Gateway;
+use crate::tls;
+
+/// Add every service of `config` to `server` (bootstrapped): `jwt` its
+/// verifier and refresher, `resolved` the backends found at start.
+pub fn add(
+    server: &mut Server,
+    config: GatewayConfig,
+    jwt: Option<(Verifier, Option<Refresher>)>,
+    resolved: AtStart,
+) {
+    let listen = config.listen.clone();
+    let metrics_listen = config.metrics_listen;
+    let upstream = tls::trusting(
+        ConnectorOptions::from_server_conf(&server.configuration),
+        config.upstream_ca_file.as_deref(),
+    );
+    let (verifier, refresher) = jwt.unzip();
+    let (gateway, health_checks) = Gateway::new(config, verifier, resolved);
+    let refresh = gateway.refresh_service();
+    let mut proxy = ProxyServiceBuilder::new(&server.configuration, gateway)
+        .client_options(upstream)
+        .build();
+    for l in listen {
+        let addr = l.addr.to_string();
+        match &l.tls {
+            Some(t) => proxy.add_tls_with_settings(&addr, None, tls::listener_settings(t)),
+            None => proxy.add_tcp(&addr),
+        }
+    }
+    let mut metrics = pingora_prometheus::prometheus_http_service();
+    metrics.add_tcp(&metrics_listen.to_string());
+    server.add_service(proxy);
+    server.add_service(metrics);
+    for (name, service) in health_checks {
+        server.add_service(background_service(&name, service));
+    }
+    if let Some(refresher) = refresher.flatten() {
+        server.add_service(background_service("jwks refresh", refresher));
+    }
+    if let Some(refresh) = refresh {
+        server.add_service(background_service("discovery", refresh));
+    }
+}
