@@ -34,7 +34,8 @@ fn gauge_vec(name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
 
 const BACKEND: &[&str] = &["model", "backend"];
 
-/// CAG-2 AC5.
+/// Warmups held back by the warmup delay (named as in the gateway this one
+/// replaces, hence no `poimen_gateway_` prefix).
 pub static WARMUP_DELAYED: LazyLock<IntCounter> = LazyLock::new(|| {
     counter(
         "warmup_requests_delayed_total",
@@ -122,7 +123,7 @@ pub fn init_auth(jwks_url: bool) {
     }
 }
 
-/// CAG-3 AC7: prompt tokens vLLM served from its prefix cache.
+/// Prompt tokens vLLM served from its prefix cache.
 pub static PREFIX_CACHE_HIT_TOKENS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     counter_vec(
         "vllm_prefix_cache_hit_tokens_total",

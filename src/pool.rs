@@ -1,7 +1,7 @@
 //! One model's backends: the set (Pingora's `Backends`, fed by
 //! [`Discovery`], with its health registry when health checks are on), and
 //! the [`Members`] built from it: the [`Router`], the failure exclusion
-//! window (CAG-3 AC4), each backend's admission and how to connect to it
+//! window, each backend's admission and how to connect to it
 //! (plain or TLS).
 //!
 //! When discovery changes the set, new `Members` replace the old whole (a

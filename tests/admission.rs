@@ -1,5 +1,5 @@
 //! Per-backend slots, a bounded queue, 503 at once when full, warmups that
-//! yield (CAG-2), observed from the client, the backend and /metrics.
+//! yield, observed from the client, the backend and /metrics.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -161,7 +161,7 @@ async fn a_warmup_yields_to_agent_requests_and_is_marked_low_priority() {
         ))
         .await,
     );
-    // AC6: a warmup sent just before agent requests reaches the backend after them.
+    // A warmup sent just before agent requests reaches the backend after them.
     let warm = tokio::spawn(warmup_request(&gw, "w").send());
     eventually("the warmup delayed", || async {
         gw.metric("warmup_requests_delayed_total", &[]).await == 1.0
@@ -177,7 +177,7 @@ async fn a_warmup_yields_to_agent_requests_and_is_marked_low_priority() {
         .map(|s| s.headers["x-poimen-cache-key"].to_str().unwrap())
         .collect();
     assert_eq!(keys, ["a0", "a1", "a2", "w"]);
-    // AC2: marker stripped, priority added; agents untouched.
+    // The marker stripped, priority added; agents untouched.
     let w = &seen[3];
     assert!(w.headers.get("x-poimen-warmup").is_none());
     assert_eq!(w.headers["x-priority"], "low");

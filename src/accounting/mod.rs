@@ -1,4 +1,4 @@
-//! Prefix-cache accounting (CAG-3 AC6/AC7): for each proxied completion, how
+//! Prefix-cache accounting: for each proxied completion, how
 //! many of its prompt tokens vLLM served from its prefix cache.
 //!
 //! Sources, per response: the `vllm-num-cached-tokens` header (a patched vLLM
@@ -129,7 +129,7 @@ pub struct Record<'a> {
 }
 
 impl Record<'_> {
-    /// The log line (CAG-3 AC6): one event, fields in a fixed order.
+    /// The `prefix_cache` log line: one event, fields in a fixed order.
     pub fn log(&self) {
         log::info!(
             target: "poimen_gateway::cache",

@@ -1,4 +1,4 @@
-//! Per-backend admission (CAG-2 AC3/AC4): at most `max_num_seqs` requests in
+//! Per-backend admission: at most `max_num_seqs` requests in
 //! flight upstream, at most `max_queue_depth` waiting, and nothing more: the
 //! next request is refused at once, so no task piles up.
 //!

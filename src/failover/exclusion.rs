@@ -1,4 +1,4 @@
-//! The failure exclusion window (CAG-3 AC4): a backend that failed is left
+//! The failure exclusion window: a backend that failed is left
 //! out of routing for a while. Lock-free: one atomic deadline per backend,
 //! shared by the proxy (which excludes) and the health check (which may end
 //! an exclusion early). A backend set that changes gets a new table

@@ -1,5 +1,5 @@
 //! The gateway's request headers: the cache key, the warmup marker, and what
-//! a warmup looks like upstream (CAG-2 AC2).
+//! a warmup looks like upstream.
 
 use http::HeaderValue;
 use pingora::http::RequestHeader;
