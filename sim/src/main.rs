@@ -8,12 +8,18 @@ mod batch;
 mod cache;
 mod completions;
 mod config;
+mod conversation;
 mod engine;
 mod faults;
 mod metrics;
+mod responses;
+mod responses_shapes;
+mod responses_store;
 mod server;
 mod shapes;
 mod sse;
+#[cfg(test)]
+mod testkit;
 mod timing;
 mod tokenize;
 
