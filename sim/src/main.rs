@@ -11,6 +11,8 @@ mod config;
 mod conversation;
 mod engine;
 mod faults;
+mod messages;
+mod messages_shapes;
 mod metrics;
 mod responses;
 mod responses_shapes;

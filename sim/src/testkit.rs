@@ -60,10 +60,19 @@ impl Reply {
 impl Sim {
     /// One request on a new connection (`Connection: close`).
     pub async fn send(&self, method: &str, path: &str, body: Option<&str>) -> Reply {
+        self.send_with(method, path, body.unwrap_or(""), "").await
+    }
+
+    /// `send` with one more header line (`name: value`, or "" for none).
+    pub async fn send_with(&self, method: &str, path: &str, body: &str, header: &str) -> Reply {
         let mut s = TcpStream::connect(self.addr).await.unwrap();
-        let body = body.unwrap_or("");
+        let extra = if header.is_empty() {
+            String::new()
+        } else {
+            format!("{header}\r\n")
+        };
         let req = format!(
-            "{method} {path} HTTP/1.1\r\nhost: sim\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            "{method} {path} HTTP/1.1\r\nhost: sim\r\nconnection: close\r\ncontent-type: application/json\r\n{extra}content-length: {}\r\n\r\n{body}",
             body.len()
         );
         s.write_all(req.as_bytes()).await.unwrap();
