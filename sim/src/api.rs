@@ -20,7 +20,7 @@ use crate::completions::{self, Kind};
 use crate::config::FaultMode;
 use crate::faults::FaultRequest;
 use crate::shapes::{ErrorBody, ErrorInfo, ModelCard, ModelList};
-use crate::{messages, responses};
+use crate::{messages, responses, tokenizer_routes};
 
 pub type Body = BoxBody<Bytes, Infallible>;
 
@@ -45,6 +45,8 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Bo
         (&Method::POST, "/v1/responses") => responses::create(&app, req).await,
         (&Method::POST, "/v1/messages") => messages::create(&app, req).await,
         (&Method::POST, "/v1/messages/count_tokens") => messages::count_tokens(&app, req).await,
+        (&Method::POST, "/tokenize") => tokenizer_routes::tokenize(&app, req).await,
+        (&Method::POST, "/detokenize") => tokenizer_routes::detokenize(&app, req).await,
         (m, p) if p.starts_with(RESPONSES) => response_by_id(&app, m, &p[RESPONSES.len()..]).await,
         (&Method::GET, "/metrics") => text(app.metrics.prometheus(&app.model, app.gauges())),
         (&Method::GET, "/sim/stats") => {
@@ -54,6 +56,7 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Bo
         (&Method::POST, "/sim/fault") => set_fault(&app, req).await,
         (_, "/health" | "/v1/models" | "/v1/chat/completions" | "/v1/completions" | "/metrics")
         | (_, "/v1/responses" | "/v1/messages" | "/v1/messages/count_tokens")
+        | (_, "/tokenize" | "/detokenize")
         | (_, "/sim/stats" | "/sim/fault") => method_not_allowed(),
         _ => not_found(),
     };

@@ -24,6 +24,7 @@ mod sse;
 mod testkit;
 mod timing;
 mod tokenize;
+mod tokenizer_routes;
 
 use std::io::Write;
 use std::process::ExitCode;

@@ -23,6 +23,32 @@ pub fn count_tokens(text: &str) -> usize {
     text.len().div_ceil(BYTES_PER_TOKEN)
 }
 
+/// Token ids of `text` for `/tokenize`: each 4-byte group read as a
+/// little-endian u32 (a short last group zero-padded), so `detokenize`
+/// can give the text back.
+pub fn token_ids(text: &str) -> Vec<u32> {
+    text.as_bytes()
+        .chunks(BYTES_PER_TOKEN)
+        .map(|c| {
+            let mut b = [0u8; BYTES_PER_TOKEN];
+            b[..c.len()].copy_from_slice(c);
+            u32::from_le_bytes(b)
+        })
+        .collect()
+}
+
+/// Text of token ids made by `token_ids` (padding zero bytes dropped; an id
+/// that is no such group still decodes, lossily).
+pub fn detokenize(ids: &[u32]) -> String {
+    let mut bytes = Vec::with_capacity(ids.len() * BYTES_PER_TOKEN);
+    for id in ids {
+        let b = id.to_le_bytes();
+        let len = BYTES_PER_TOKEN - b.iter().rev().take_while(|&&x| x == 0).count();
+        bytes.extend_from_slice(&b[..len]);
+    }
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
 /// Chained hashes of all full blocks of `text`, first block first.
 pub fn block_hashes(text: &str, block_size: usize) -> Vec<u64> {
     let bytes = text.as_bytes();
@@ -80,6 +106,15 @@ mod tests {
         assert_eq!(count_tokens("abcde"), 2);
         // 'é' is 2 bytes in UTF-8: 4 of them are 8 bytes = 2 tokens.
         assert_eq!(count_tokens("éééé"), 2);
+    }
+
+    #[test]
+    fn token_ids_round_trip() {
+        let text = "héllo, wörld!";
+        let ids = token_ids(text);
+        assert_eq!(ids.len(), count_tokens(text));
+        assert_eq!(ids[0], u32::from_le_bytes(*b"h\xc3\xa9l"));
+        assert_eq!(detokenize(&ids), text);
     }
 
     #[test]
