@@ -253,7 +253,16 @@ pub fn empty(status: StatusCode) -> Response<Body> {
 }
 
 pub fn json<T: Serialize>(status: StatusCode, value: &T) -> Response<Body> {
-    let bytes = serde_json::to_vec(value).expect("response serializes");
+    json_bytes(
+        status,
+        serde_json::to_vec(value)
+            .expect("response serializes")
+            .into(),
+    )
+}
+
+/// A JSON body already serialized (e.g. a stored response, sent again).
+pub fn json_bytes(status: StatusCode, bytes: Bytes) -> Response<Body> {
     let mut r = Response::new(full(bytes));
     *r.status_mut() = status;
     r.headers_mut()

@@ -104,4 +104,44 @@ mod tests {
         assert!(chat_prompt(&json!({})).is_err());
         assert!(chat_prompt(&json!({"messages": [{"role": "user", "content": 3}]})).is_err());
     }
+
+    /// One conversation sent through each API in turn: every request after
+    /// the first finds the whole prefix the previous ones cached.
+    #[tokio::test]
+    async fn a_conversation_is_cached_across_apis() {
+        let sim = crate::testkit::start(&[]).await;
+        let system = "r".repeat(250);
+        let chat = json!({"messages": [{"role": "system", "content": system}, {"role": "user", "content": "first question"}], "max_tokens": 2});
+        let r = sim.post("/v1/chat/completions", &chat.to_string()).await;
+        // "system\n" + 250 + "\nuser\nfirst question\n": 278 bytes, 70 tokens.
+        assert_eq!(r.json()["usage"]["prompt_tokens"], 70);
+        let responses =
+            json!({"instructions": system, "input": "first question", "max_output_tokens": 2});
+        let r = sim.post("/v1/responses", &responses.to_string()).await;
+        assert_eq!(
+            r.json()["usage"]["input_tokens_details"]["cached_tokens"],
+            64
+        );
+        let messages = json!({"model": "sim-model", "system": system, "max_tokens": 2, "messages": [
+            {"role": "user", "content": "first question"},
+            {"role": "assistant", "content": " tok tok"},
+            {"role": "user", "content": "second question, please"}]});
+        let r = sim.post("/v1/messages", &messages.to_string()).await;
+        assert_eq!(r.json()["usage"]["cache_read_input_tokens"], 64);
+        let count = sim
+            .post("/v1/messages/count_tokens", &messages.to_string())
+            .await
+            .json()["input_tokens"]
+            .clone();
+        let r = sim.post("/v1/responses", &json!({"instructions": system, "input": [
+            {"role": "user", "content": "first question"},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": " tok tok"}]},
+            {"role": "user", "content": "second question, please"}], "max_output_tokens": 2}).to_string()).await;
+        let v = r.json();
+        assert_eq!(v["usage"]["input_tokens"], count);
+        // 278 + "assistant\n tok tok\nuser\nsecond question, please\n" (48)
+        // = 326 bytes, 82 tokens: the 5 full blocks the Messages request
+        // cached.
+        assert_eq!(v["usage"]["input_tokens_details"]["cached_tokens"], 80);
+    }
 }

@@ -73,7 +73,7 @@ pub async fn create(app: &Arc<App>, req: Request<Incoming>) -> Response<Body> {
         job.run_to_end().await;
         let body = pending.finish(&job);
         job.succeed();
-        json_bytes(StatusCode::OK, body)
+        api::json_bytes(StatusCode::OK, body)
     };
     add_cached_header(app, &mut resp, cached);
     resp
@@ -84,9 +84,14 @@ pub async fn retrieve(app: &App, id: &str) -> Response<Body> {
     if let Err(e) = api::fault_gate(app).await {
         return e.into_response();
     }
-    let found = app.responses.lock().expect("store lock").get(id).cloned();
+    let found = app
+        .responses
+        .lock()
+        .expect("store lock")
+        .get(id)
+        .map(|s| s.body.clone());
     match found {
-        Some(s) => json_bytes(StatusCode::OK, s.body),
+        Some(body) => api::json_bytes(StatusCode::OK, body),
         None => not_found(id).into_response(),
     }
 }
@@ -115,16 +120,6 @@ fn not_found(id: &str) -> ApiError {
         status: StatusCode::NOT_FOUND,
         ..ApiError::invalid_request("response_id", format!("Response with id '{id}' not found."))
     }
-}
-
-fn json_bytes(status: StatusCode, body: bytes::Bytes) -> Response<Body> {
-    let mut r = Response::new(api::full(body));
-    *r.status_mut() = status;
-    r.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("application/json"),
-    );
-    r
 }
 
 /// One response in the making: what is needed to finish and store it.
@@ -162,7 +157,8 @@ impl Pending {
         if self.store {
             let entry = Stored {
                 body: body.clone(),
-                turns: self.turns.clone(),
+                // Called once: the turns are not needed any more.
+                turns: std::mem::take(&mut self.turns),
                 output: output_text(job.output_tokens),
             };
             self.app
@@ -183,7 +179,7 @@ async fn stream(job: Job, tx: SseSender, pending: Pending) {
 
 /// The event sequence of vLLM's `responses_stream_generator` for one text
 /// output message; `sequence_number` counts every event from 0.
-async fn produce(job: &Job, tx: &SseSender, mut turn: Pending) -> Result<(), Closed> {
+async fn produce(job: &Job, tx: &SseSender, mut pending: Pending) -> Result<(), Closed> {
     let mut seq = 0u64;
     let mut next = || {
         seq += 1;
@@ -191,14 +187,14 @@ async fn produce(job: &Job, tx: &SseSender, mut turn: Pending) -> Result<(), Clo
     };
     for kind in ["response.created", "response.in_progress"] {
         let e = ResponseEvent {
-            response: &turn.object,
+            response: &pending.object,
             sequence_number: next(),
             kind,
         };
         tx.named(kind, &e).await?;
     }
     job.prefill().await;
-    let item_id = turn.item_id.clone();
+    let item_id = pending.item_id.clone();
     for i in 0..job.output_tokens {
         job.decode_step().await;
         if i == 0 {
@@ -241,7 +237,7 @@ async fn produce(job: &Job, tx: &SseSender, mut turn: Pending) -> Result<(), Clo
         };
         tx.named(kind, &e).await?;
     }
-    let item = turn.output(job.output_tokens);
+    let item = pending.output(job.output_tokens);
     let part = &item.content[0];
     let kind = "response.output_text.done";
     tx.named(
@@ -282,10 +278,10 @@ async fn produce(job: &Job, tx: &SseSender, mut turn: Pending) -> Result<(), Clo
     )
     .await?;
     let sequence_number = next();
-    turn.finish(job);
+    pending.finish(job);
     let kind = "response.completed";
     let e = ResponseEvent {
-        response: &turn.object,
+        response: &pending.object,
         sequence_number,
         kind,
     };
