@@ -1,6 +1,7 @@
 //! HTTP routing and the small endpoints (health, models, metrics, sim
 //! controls), plus the response helpers and the fault gate they share.
-//! Completion endpoints live in `completions`.
+//! The generation endpoints live in `completions` (chat, completions),
+//! `responses` and `messages`; `/tokenize` in `tokenizer_routes`.
 
 use std::convert::Infallible;
 use std::sync::atomic::Ordering;
