@@ -1,6 +1,7 @@
 //! HTTP routing and the small endpoints (health, models, metrics, sim
 //! controls), plus the response helpers and the fault gate they share.
-//! Completion endpoints live in `completions`.
+//! The generation endpoints live in `completions` (chat, completions),
+//! `responses` and `messages`; `/tokenize` in `tokenizer_routes`.
 
 use std::convert::Infallible;
 use std::sync::atomic::Ordering;
@@ -20,6 +21,7 @@ use crate::completions::{self, Kind};
 use crate::config::FaultMode;
 use crate::faults::FaultRequest;
 use crate::shapes::{ErrorBody, ErrorInfo, ModelCard, ModelList};
+use crate::{messages, responses, tokenizer_routes};
 
 pub type Body = BoxBody<Bytes, Infallible>;
 
@@ -32,15 +34,21 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Bo
     let path = req.uri().path().to_owned();
     let mut resp = match (req.method(), path.as_str()) {
         (&Method::GET, "/health") => match fault_gate(&app).await {
-            Some(r) => r,
-            None => empty(StatusCode::OK),
+            Err(e) => e.into_response(),
+            Ok(()) => empty(StatusCode::OK),
         },
         (&Method::GET, "/v1/models") => match fault_gate(&app).await {
-            Some(r) => r,
-            None => models(&app),
+            Err(e) => e.into_response(),
+            Ok(()) => models(&app),
         },
         (&Method::POST, "/v1/chat/completions") => completions::handle(&app, Kind::Chat, req).await,
         (&Method::POST, "/v1/completions") => completions::handle(&app, Kind::Text, req).await,
+        (&Method::POST, "/v1/responses") => responses::create(&app, req).await,
+        (&Method::POST, "/v1/messages") => messages::create(&app, req).await,
+        (&Method::POST, "/v1/messages/count_tokens") => messages::count_tokens(&app, req).await,
+        (&Method::POST, "/tokenize") => tokenizer_routes::tokenize(&app, req).await,
+        (&Method::POST, "/detokenize") => tokenizer_routes::detokenize(&app, req).await,
+        (m, p) if p.starts_with(RESPONSES) => response_by_id(&app, m, &p[RESPONSES.len()..]).await,
         (&Method::GET, "/metrics") => text(app.metrics.prometheus(&app.model, app.gauges())),
         (&Method::GET, "/sim/stats") => {
             let fault = app.faults.current().mode.as_str();
@@ -48,14 +56,10 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Bo
         }
         (&Method::POST, "/sim/fault") => set_fault(&app, req).await,
         (_, "/health" | "/v1/models" | "/v1/chat/completions" | "/v1/completions" | "/metrics")
-        | (_, "/sim/stats" | "/sim/fault") => json(
-            StatusCode::METHOD_NOT_ALLOWED,
-            &serde_json::json!({"detail": "Method Not Allowed"}),
-        ),
-        _ => json(
-            StatusCode::NOT_FOUND,
-            &serde_json::json!({"detail": "Not Found"}),
-        ),
+        | (_, "/v1/responses" | "/v1/messages" | "/v1/messages/count_tokens")
+        | (_, "/tokenize" | "/detokenize")
+        | (_, "/sim/stats" | "/sim/fault") => method_not_allowed(),
+        _ => not_found(),
     };
     if wants_load && !path.starts_with("/sim/") && path != "/metrics" {
         add_load_header(&app, &mut resp);
@@ -63,15 +67,44 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Bo
     Ok(resp)
 }
 
-/// Applies `hang` and `error` to API endpoints: `Some(response)` for an
-/// error, never returns under hang, `None` to go on normally.
-pub async fn fault_gate(app: &App) -> Option<Response<Body>> {
+const RESPONSES: &str = "/v1/responses/";
+
+/// `/v1/responses/{id}` (GET) and `/v1/responses/{id}/cancel` (POST); what
+/// else FastAPI would answer for paths under `/v1/responses/`.
+async fn response_by_id(app: &App, method: &Method, rest: &str) -> Response<Body> {
+    match (method, rest.split_once('/')) {
+        (&Method::GET, None) => responses::retrieve(app, rest).await,
+        (&Method::POST, Some((id, "cancel"))) => responses::cancel(app, id).await,
+        (_, None) | (_, Some((_, "cancel"))) => method_not_allowed(),
+        _ => not_found(),
+    }
+}
+
+fn method_not_allowed() -> Response<Body> {
+    json(
+        StatusCode::METHOD_NOT_ALLOWED,
+        &serde_json::json!({"detail": "Method Not Allowed"}),
+    )
+}
+
+fn not_found() -> Response<Body> {
+    json(
+        StatusCode::NOT_FOUND,
+        &serde_json::json!({"detail": "Not Found"}),
+    )
+}
+
+/// Applies `hang` and `error` to API endpoints: the error to answer with
+/// (each API gives it its own shape), never returns under hang, `Ok` to go
+/// on normally.
+pub async fn fault_gate(app: &App) -> Result<(), ApiError> {
     match app.faults.current().mode {
-        FaultMode::Error => Some(error(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "InternalServerError",
-            "Simulated engine failure (fault mode 'error').".into(),
-        )),
+        FaultMode::Error => Err(ApiError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            kind: "InternalServerError",
+            param: None,
+            message: "Simulated engine failure (fault mode 'error').".into(),
+        }),
         FaultMode::Hang => {
             // hyper drops this future when the client disconnects, which
             // drops the guard and ends the task.
@@ -79,7 +112,7 @@ pub async fn fault_gate(app: &App) -> Option<Response<Body>> {
             std::future::pending::<()>().await;
             unreachable!("pending never resolves")
         }
-        FaultMode::None | FaultMode::Slow | FaultMode::Refuse => None,
+        FaultMode::None | FaultMode::Slow | FaultMode::Refuse => Ok(()),
     }
 }
 
@@ -137,19 +170,11 @@ async fn set_fault(app: &App, req: Request<Incoming>) -> Response<Body> {
     let fr: FaultRequest = match serde_json::from_slice(&body) {
         Ok(f) => f,
         Err(e) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                "BadRequestError",
-                format!("Invalid fault request: {e}"),
-            )
+            return ApiError::bad_request(format!("Invalid fault request: {e}")).into_response()
         }
     };
     if fr.slow_factor.is_some_and(|s| !(s.is_finite() && s >= 0.0)) {
-        return error(
-            StatusCode::BAD_REQUEST,
-            "BadRequestError",
-            "slow_factor must be >= 0".into(),
-        );
+        return ApiError::bad_request("slow_factor must be >= 0".into()).into_response();
     }
     let now = app.faults.set(
         fr.mode,
@@ -168,6 +193,8 @@ async fn set_fault(app: &App, req: Request<Incoming>) -> Response<Body> {
 pub struct ApiError {
     pub status: StatusCode,
     pub kind: &'static str,
+    /// The request field at fault, where vLLM names one.
+    pub param: Option<&'static str>,
     pub message: String,
 }
 
@@ -176,12 +203,35 @@ impl ApiError {
         ApiError {
             status: StatusCode::BAD_REQUEST,
             kind: "BadRequestError",
+            param: None,
             message,
         }
     }
 
+    /// vLLM's `invalid_request_error` (Responses API checks), 400 unless
+    /// `status` is changed.
+    pub fn invalid_request(param: &'static str, message: String) -> Self {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            kind: "invalid_request_error",
+            param: Some(param),
+            message,
+        }
+    }
+
+    /// OpenAI-shaped: `{"error":{"message","type","param","code"}}`.
     pub fn into_response(self) -> Response<Body> {
-        error(self.status, self.kind, self.message)
+        json(
+            self.status,
+            &ErrorBody {
+                error: ErrorInfo {
+                    message: self.message,
+                    kind: self.kind,
+                    param: self.param,
+                    code: self.status.as_u16(),
+                },
+            },
+        )
     }
 }
 
@@ -204,7 +254,16 @@ pub fn empty(status: StatusCode) -> Response<Body> {
 }
 
 pub fn json<T: Serialize>(status: StatusCode, value: &T) -> Response<Body> {
-    let bytes = serde_json::to_vec(value).expect("response serializes");
+    json_bytes(
+        status,
+        serde_json::to_vec(value)
+            .expect("response serializes")
+            .into(),
+    )
+}
+
+/// A JSON body already serialized (e.g. a stored response, sent again).
+pub fn json_bytes(status: StatusCode, bytes: Bytes) -> Response<Body> {
     let mut r = Response::new(full(bytes));
     *r.status_mut() = status;
     r.headers_mut()
@@ -219,19 +278,4 @@ fn text(s: String) -> Response<Body> {
         HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
     );
     r
-}
-
-/// OpenAI-shaped error: `{"error":{"message","type","param":null,"code"}}`.
-pub fn error(status: StatusCode, kind: &'static str, message: String) -> Response<Body> {
-    json(
-        status,
-        &ErrorBody {
-            error: ErrorInfo {
-                message,
-                kind,
-                param: None,
-                code: status.as_u16(),
-            },
-        },
-    )
 }

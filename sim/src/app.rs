@@ -4,11 +4,14 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
+
 use crate::batch::Scheduler;
 use crate::cache::PrefixCache;
 use crate::config::Args;
 use crate::faults::Faults;
 use crate::metrics::{Gauges, Metrics};
+use crate::responses_store::ResponseStore;
 use crate::timing::TimingModel;
 
 #[derive(Debug)]
@@ -27,9 +30,15 @@ pub struct App {
     pub metrics: Metrics,
     /// KV tokens reserved by running requests, for `kv_cache_usage_perc`.
     pub kv_tokens_in_use: AtomicUsize,
+    /// Whether `/v1/responses` stores responses (vLLM's
+    /// VLLM_ENABLE_RESPONSES_API_STORE).
+    pub responses_store_enabled: bool,
+    pub responses: Mutex<ResponseStore>,
     /// Server start time, shown as the model's `created`.
     pub started: u64,
     next_id: AtomicU64,
+    /// Seed of `random_hex`, different in every process.
+    id_seed: u64,
 }
 
 impl App {
@@ -54,14 +63,26 @@ impl App {
             faults: Faults::new(a.fault, a.slow_factor),
             metrics: Metrics::default(),
             kv_tokens_in_use: AtomicUsize::new(0),
+            responses_store_enabled: !a.disable_responses_store,
+            responses: Mutex::new(ResponseStore::new(a.responses_store_bytes)),
             started: unix_now(),
             next_id: AtomicU64::new(1),
+            id_seed: process_seed(),
         })
     }
 
     /// Next request number, for ids like `chatcmpl-<n>`.
     pub fn next_id(&self) -> u64 {
         self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// 16 hex digits unique to this process and call, as vLLM's
+    /// `random_uuid()` gives: ids like `resp_...` must not repeat on
+    /// another simulator, or a response id would be "known" to a server
+    /// that never answered it.
+    pub fn random_hex(&self) -> String {
+        let n = self.next_id().to_le_bytes();
+        format!("{:016x}", xxh3_64_with_seed(&n, self.id_seed))
     }
 
     /// Fraction (0..=1) of the KV cache reserved by running requests.
@@ -80,6 +101,17 @@ impl App {
             cached_blocks: self.cache.lock().expect("cache lock").len(),
         }
     }
+}
+
+/// Start time (ns) and pid, hashed.
+fn process_seed() -> u64 {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let mut b = nanos.to_le_bytes().to_vec();
+    b.extend_from_slice(&std::process::id().to_le_bytes());
+    xxh3_64(&b)
 }
 
 pub fn unix_now() -> u64 {

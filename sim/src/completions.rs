@@ -9,20 +9,27 @@
 
 use std::sync::Arc;
 
-use http::header::{HeaderValue, CACHE_CONTROL, CONTENT_TYPE};
-use http::{Request, Response, StatusCode};
-use http_body_util::BodyExt;
+use bytes::Bytes;
+use http::header::HeaderValue;
+use http::{HeaderMap, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use serde_json::Value;
 
 use crate::api::{self, ApiError, Body};
 use crate::app::{unix_now, App};
+use crate::conversation::chat_prompt;
 use crate::engine::{self, Job};
 use crate::shapes::{self, ChatChunkChoice, Chunk, Delta, Meta, TextChoice};
 use crate::sse::{self, Closed, SseSender};
-use crate::tokenize::{chat_prompt, completion_prompt, count_tokens};
+use crate::tokenize::{completion_prompt, count_tokens};
 
-const TOKEN_TEXT: &str = " tok";
+/// The text of every output token.
+pub const TOKEN_TEXT: &str = " tok";
+
+/// The whole output of `tokens` tokens.
+pub fn output_text(tokens: usize) -> String {
+    TOKEN_TEXT.repeat(tokens)
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -40,11 +47,7 @@ struct Parsed {
 }
 
 pub async fn handle(app: &Arc<App>, kind: Kind, req: Request<Incoming>) -> Response<Body> {
-    app.metrics.record_request(req.headers());
-    if let Some(r) = api::fault_gate(app).await {
-        return r;
-    }
-    let p = match api::read_body(req).await.and_then(|b| parse(app, kind, &b)) {
+    let p = match begin(app, req).await.and_then(|b| parse(app, kind, &b)) {
         Ok(p) => p,
         Err(e) => return e.into_response(),
     };
@@ -62,33 +65,41 @@ pub async fn handle(app: &Arc<App>, kind: Kind, req: Request<Incoming>) -> Respo
     let mut resp = if p.stream {
         let (tx, body) = sse::channel();
         tokio::spawn(stream(job, tx, meta, kind, p.include_usage));
-        let mut r = Response::new(body.boxed());
-        let h = r.headers_mut();
-        // Starlette (vLLM's server) adds the charset to text/* types.
-        h.insert(
-            CONTENT_TYPE,
-            HeaderValue::from_static("text/event-stream; charset=utf-8"),
-        );
-        h.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-        r
+        sse::response(body)
     } else {
         complete(job, &meta, kind).await
     };
-    // Known at admission, so streamed responses carry it too.
+    add_cached_header(app, &mut resp, cached);
+    resp
+}
+
+/// What every generation endpoint does before parsing: `gate`, then read
+/// the body.
+pub async fn begin(app: &App, req: Request<Incoming>) -> Result<Bytes, ApiError> {
+    gate(app, req.headers()).await?;
+    api::read_body(req).await
+}
+
+/// Counts a generation request (keeping its headers for tests) and applies
+/// the faults.
+pub async fn gate(app: &App, headers: &HeaderMap) -> Result<(), ApiError> {
+    app.metrics.record_request(headers);
+    api::fault_gate(app).await
+}
+
+/// `vllm-num-cached-tokens` (with `--cached-tokens-header`): known at
+/// admission, so streamed responses carry it too.
+pub fn add_cached_header(app: &App, resp: &mut Response<Body>, cached: usize) {
     if app.cached_tokens_header {
         resp.headers_mut()
             .insert("vllm-num-cached-tokens", HeaderValue::from(cached));
     }
-    resp
 }
 
 /// Runs the job to the end and answers with one JSON body.
 async fn complete(job: Job, meta: &Meta, kind: Kind) -> Response<Body> {
-    job.prefill().await;
-    for _ in 0..job.output_tokens {
-        job.decode_step().await;
-    }
-    let text = TOKEN_TEXT.repeat(job.output_tokens);
+    job.run_to_end().await;
+    let text = output_text(job.output_tokens);
     let usage = job.usage();
     job.succeed();
     match kind {
@@ -100,18 +111,8 @@ async fn complete(job: Job, meta: &Meta, kind: Kind) -> Response<Body> {
 /// Generation task behind a streamed response. Stops as soon as the client
 /// goes away, and dropping `job` then frees the batch slot.
 async fn stream(job: Job, tx: SseSender, meta: Meta, kind: Kind, include_usage: bool) {
-    let finished = {
-        let run = produce(&job, &tx, &meta, kind, include_usage);
-        tokio::select! {
-            r = run => r.is_ok(),
-            _ = tx.closed() => false,
-        }
-    };
-    if finished {
-        job.succeed();
-    } else {
-        log::debug!("{}: client went away mid-stream", meta.id);
-    }
+    let finished = sse::until_closed(&tx, produce(&job, &tx, &meta, kind, include_usage)).await;
+    job.end_stream(finished, &meta.id);
 }
 
 async fn produce(
@@ -197,51 +198,21 @@ async fn produce(
 /// (400 / 404) on the first problem.
 fn parse(app: &App, kind: Kind, body: &[u8]) -> Result<Parsed, ApiError> {
     let bad = ApiError::bad_request;
-    let v: Value =
-        serde_json::from_slice(body).map_err(|e| bad(format!("Invalid JSON body: {e}")))?;
-    if !v.is_object() {
-        return Err(bad("Request body must be a JSON object".into()));
-    }
-    match v.get("model") {
-        None | Some(Value::Null) => {}
-        Some(Value::String(m)) if *m == app.model => {}
-        Some(other) => {
-            let name = other
-                .as_str()
-                .map_or_else(|| other.to_string(), str::to_owned);
-            return Err(ApiError {
-                status: StatusCode::NOT_FOUND,
-                kind: "NotFoundError",
-                message: format!("The model `{name}` does not exist."),
-            });
-        }
-    }
+    let v = json_object(body)?;
+    check_model(app, &v)?;
     let prompt = match kind {
         Kind::Chat => chat_prompt(&v),
         Kind::Text => completion_prompt(&v),
     }
     .map_err(|e| bad(e.0))?;
-    let output_tokens = output_budget(app, &v).map_err(bad)?;
-    let prompt_tokens = count_tokens(&prompt);
-    if prompt_tokens + output_tokens > app.max_model_len {
-        return Err(bad(format!(
-            "This model's maximum context length is {} tokens. However, you requested {} tokens ({} in the messages, {} in the completion). Please reduce the length of the messages or completion.",
-            app.max_model_len,
-            prompt_tokens + output_tokens,
-            prompt_tokens,
-            output_tokens
-        )));
-    }
-    let flag = |v: Option<&Value>, name: &str| match v {
-        None | Some(Value::Null) => Ok(false),
-        Some(Value::Bool(b)) => Ok(*b),
-        Some(_) => Err(bad(format!("'{name}' must be a boolean"))),
-    };
-    let stream = flag(v.get("stream"), "stream")?;
+    let output_tokens =
+        output_budget(app, &v, &["max_completion_tokens", "max_tokens"]).map_err(bad)?;
+    check_context(app, count_tokens(&prompt), output_tokens)?;
+    let stream = flag(&v, "stream")?;
     let include_usage = stream
         && flag(
-            v.get("stream_options").and_then(|o| o.get("include_usage")),
-            "stream_options.include_usage",
+            v.get("stream_options").unwrap_or(&Value::Null),
+            "include_usage",
         )?;
     Ok(Parsed {
         prompt,
@@ -251,11 +222,74 @@ fn parse(app: &App, kind: Kind, body: &[u8]) -> Result<Parsed, ApiError> {
     })
 }
 
-/// Output tokens: `max_completion_tokens`, else `max_tokens`, else the
-/// default; at least 1, capped by `--max-output-tokens`.
-fn output_budget(app: &App, v: &Value) -> Result<usize, String> {
-    let field = ["max_completion_tokens", "max_tokens"]
-        .into_iter()
+/// The request body as a JSON object, else 400.
+pub fn json_object(body: &[u8]) -> Result<Value, ApiError> {
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("Invalid JSON body: {e}")))?;
+    if !v.is_object() {
+        return Err(ApiError::bad_request(
+            "Request body must be a JSON object".into(),
+        ));
+    }
+    Ok(v)
+}
+
+/// vLLM's model check (`_check_model`): a missing, null or empty `model`
+/// means the served one; any other name is 404.
+pub fn check_model(app: &App, v: &Value) -> Result<(), ApiError> {
+    match v.get("model") {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::String(m)) if m.is_empty() || *m == app.model => Ok(()),
+        Some(other) => {
+            let name = other
+                .as_str()
+                .map_or_else(|| other.to_string(), str::to_owned);
+            Err(ApiError {
+                status: StatusCode::NOT_FOUND,
+                kind: "NotFoundError",
+                param: Some("model"),
+                message: format!(
+                    "The model `{name}` does not exist. Valid aliases: {}.",
+                    app.model
+                ),
+            })
+        }
+    }
+}
+
+/// A boolean field of `v` (absent or null is false).
+pub fn flag(v: &Value, name: &str) -> Result<bool, ApiError> {
+    match v.get(name) {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(ApiError::bad_request(format!("'{name}' must be a boolean"))),
+    }
+}
+
+/// Chat and completions (and Messages, which vLLM runs as chat): prompt
+/// plus output must fit the context.
+pub fn check_context(
+    app: &App,
+    prompt_tokens: usize,
+    output_tokens: usize,
+) -> Result<(), ApiError> {
+    if prompt_tokens + output_tokens > app.max_model_len {
+        return Err(ApiError::bad_request(format!(
+            "This model's maximum context length is {} tokens. However, you requested {} tokens ({} in the messages, {} in the completion). Please reduce the length of the messages or completion.",
+            app.max_model_len,
+            prompt_tokens + output_tokens,
+            prompt_tokens,
+            output_tokens
+        )));
+    }
+    Ok(())
+}
+
+/// Output tokens: the first of `fields` that is set, else the default; at
+/// least 1, capped by `--max-output-tokens`.
+pub fn output_budget(app: &App, v: &Value, fields: &[&str]) -> Result<usize, String> {
+    let field = fields
+        .iter()
         .find_map(|k| v.get(k).filter(|x| !x.is_null()).map(|x| (k, x)));
     let Some((name, raw)) = field else {
         return Ok(app

@@ -68,6 +68,17 @@ pub struct Args {
     #[arg(long)]
     pub cached_tokens_header: bool,
 
+    /// Byte budget of the Responses API store (stored responses and their
+    /// conversations); the oldest are dropped beyond it.
+    #[arg(long, default_value_t = 256 << 20)]
+    pub responses_store_bytes: usize,
+
+    /// Store no Responses API response, as vLLM does unless
+    /// VLLM_ENABLE_RESPONSES_API_STORE=1: `store` is ignored and every
+    /// `previous_response_id` is unknown (404).
+    #[arg(long)]
+    pub disable_responses_store: bool,
+
     /// Fault mode at start (also switchable with POST /sim/fault).
     #[arg(long, value_enum, default_value_t = FaultMode::None)]
     pub fault: FaultMode,
@@ -144,6 +155,8 @@ mod tests {
         assert_eq!(a.time_scale, 1.0);
         assert_eq!(a.fault, FaultMode::None);
         assert!(!a.cached_tokens_header);
+        assert_eq!(a.responses_store_bytes, 256 << 20);
+        assert!(!a.disable_responses_store);
         assert!(a.validate().is_ok());
     }
 

@@ -68,6 +68,27 @@ impl Job {
             .lock()
             .expect("cache lock")
             .insert(&self.hashes);
+        // vLLM counts these when the first token comes out, i.e. after
+        // prefill, not at admission like the prefix-cache counters.
+        self.app
+            .metrics
+            .add_prefilled(self.prompt_tokens, self.cached_tokens);
+    }
+
+    /// Prefill, then every decode step: a whole non-streamed answer.
+    pub async fn run_to_end(&self) {
+        self.prefill().await;
+        for _ in 0..self.output_tokens {
+            self.decode_step().await;
+        }
+    }
+
+    /// Prompt tokens written to the prefix cache by this request, as vLLM
+    /// reports them (`PrefillStats.finalize`): the prompt's full blocks,
+    /// cached once prefill is done, less the ones it hit.
+    pub fn created_tokens(&self) -> usize {
+        let full = self.prompt_tokens / self.app.block_size * self.app.block_size;
+        full.saturating_sub(self.cached_tokens)
     }
 
     /// One decode step; its cost depends on how many requests run now.
@@ -86,6 +107,16 @@ impl Job {
     /// Counts the request as successfully finished.
     pub fn succeed(self) {
         self.app.metrics.successes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Ends a streamed request: a success if its stream ran to the end
+    /// (dropping the job frees its slot either way).
+    pub fn end_stream(self, finished: bool, id: &str) {
+        if finished {
+            self.succeed();
+        } else {
+            log::debug!("{id}: client went away mid-stream");
+        }
     }
 }
 
@@ -111,10 +142,12 @@ mod tests {
         assert_eq!((a.prompt_tokens, a.cached_tokens), (40, 0));
         assert!(app.kv_cache_usage() > 0.0);
         a.prefill().await;
+        assert_eq!(a.created_tokens(), 32);
         a.succeed();
         assert_eq!(app.kv_cache_usage(), 0.0);
         let b = admit(&app, &prompt, 3).await;
         assert_eq!(b.cached_tokens, 32);
+        assert_eq!(b.created_tokens(), 0);
         assert_eq!(b.usage(), Usage::new(40, 3, 32));
         assert_eq!(app.metrics.cached_tokens.load(Ordering::Relaxed), 32);
         assert_eq!(app.metrics.prompt_tokens.load(Ordering::Relaxed), 80);

@@ -8,14 +8,23 @@ mod batch;
 mod cache;
 mod completions;
 mod config;
+mod conversation;
 mod engine;
 mod faults;
+mod messages;
+mod messages_shapes;
 mod metrics;
+mod responses;
+mod responses_shapes;
+mod responses_store;
 mod server;
 mod shapes;
 mod sse;
+#[cfg(test)]
+mod testkit;
 mod timing;
 mod tokenize;
+mod tokenizer_routes;
 
 use std::io::Write;
 use std::process::ExitCode;

@@ -14,14 +14,20 @@ use serde::Serialize;
 
 #[derive(Debug, Default)]
 pub struct Metrics {
-    /// Completion requests received (any outcome).
+    /// Generation requests received (chat, completions, responses,
+    /// messages), any outcome.
     pub requests: AtomicU64,
-    /// Completion requests that produced their whole answer.
+    /// Generation requests that produced their whole answer.
     pub successes: AtomicU64,
     /// Prompt tokens of admitted requests (= prefix cache queries).
     pub prompt_tokens: AtomicU64,
     /// Cached prompt tokens of admitted requests (= prefix cache hits).
     pub cached_tokens: AtomicU64,
+    /// Prompt tokens of requests whose prefill finished
+    /// (`vllm:prompt_tokens_total`), and their cached part
+    /// (`vllm:prompt_tokens_cached_total`).
+    pub prefilled_tokens: AtomicU64,
+    pub prefilled_cached_tokens: AtomicU64,
     /// Requests currently held by the `hang` fault.
     pub hanging: AtomicU64,
     last_headers: Mutex<BTreeMap<String, String>>,
@@ -61,7 +67,7 @@ pub struct StatsBody {
 }
 
 impl Metrics {
-    /// Counts a completion request and remembers its headers for tests.
+    /// Counts a generation request and remembers its headers for tests.
     /// `http` already lowercases names; repeated headers are joined by ", ".
     pub fn record_request(&self, headers: &HeaderMap) {
         self.requests.fetch_add(1, Ordering::Relaxed);
@@ -82,6 +88,13 @@ impl Metrics {
         self.prompt_tokens
             .fetch_add(prompt_tokens as u64, Ordering::Relaxed);
         self.cached_tokens
+            .fetch_add(cached_tokens as u64, Ordering::Relaxed);
+    }
+
+    pub fn add_prefilled(&self, prompt_tokens: usize, cached_tokens: usize) {
+        self.prefilled_tokens
+            .fetch_add(prompt_tokens as u64, Ordering::Relaxed);
+        self.prefilled_cached_tokens
             .fetch_add(cached_tokens as u64, Ordering::Relaxed);
     }
 
@@ -145,6 +158,18 @@ impl Metrics {
             load(&self.cached_tokens),
         );
         put(
+            "vllm:prompt_tokens_total",
+            "counter",
+            "Number of prefill tokens processed.",
+            load(&self.prefilled_tokens),
+        );
+        put(
+            "vllm:prompt_tokens_cached_total",
+            "counter",
+            "Number of cached prompt tokens (local + external).",
+            load(&self.prefilled_cached_tokens),
+        );
+        put(
             "vllm:request_success_total",
             "counter",
             "Count of successfully processed requests.",
@@ -153,7 +178,7 @@ impl Metrics {
         put(
             "sim_requests_total",
             "counter",
-            "Completion requests received by the simulator (any outcome).",
+            "Generation requests received by the simulator (any outcome).",
             load(&self.requests),
         );
         put(
@@ -192,12 +217,15 @@ mod tests {
     fn prometheus_text_has_the_vllm_series() {
         let m = Metrics::default();
         m.add_prefix_query(100, 32);
+        m.add_prefilled(100, 32);
         m.successes.fetch_add(1, Ordering::Relaxed);
         let text = m.prometheus("m\"x", gauges());
         let l = r#"{model_name="m\"x"}"#;
         for line in [
             format!("vllm:prefix_cache_queries_total{l} 100"),
             format!("vllm:prefix_cache_hits_total{l} 32"),
+            format!("vllm:prompt_tokens_total{l} 100"),
+            format!("vllm:prompt_tokens_cached_total{l} 32"),
             format!("vllm:num_requests_running{l} 2"),
             format!("vllm:num_requests_waiting{l} 3"),
             format!("vllm:request_success_total{l} 1"),

@@ -43,7 +43,7 @@ pub struct ErrorInfo {
     pub message: String,
     #[serde(rename = "type")]
     pub kind: &'static str,
-    pub param: Null,
+    pub param: Option<&'static str>,
     pub code: u16,
 }
 

@@ -3,10 +3,14 @@
 //! producer learns of a client disconnect when hyper drops the body.
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use http::header::{HeaderValue, CACHE_CONTROL, CONTENT_TYPE};
+use http::Response;
+use http_body_util::BodyExt;
 use hyper::body::{Body, Frame};
 use serde::Serialize;
 use tokio::sync::mpsc;
@@ -33,11 +37,45 @@ pub fn channel() -> (SseSender, SseBody) {
     (SseSender { tx }, SseBody { rx })
 }
 
+/// The streamed answer's head: the SSE content type as vLLM's server
+/// (Starlette) sends it, with the charset it adds to text/* types.
+pub fn response(body: SseBody) -> Response<crate::api::Body> {
+    let mut r = Response::new(body.boxed());
+    let h = r.headers_mut();
+    h.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream; charset=utf-8"),
+    );
+    h.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    r
+}
+
+/// Runs `produce` until it ends or the client goes away, whichever is
+/// first; true if it ran to its end.
+pub async fn until_closed(
+    tx: &SseSender,
+    produce: impl Future<Output = Result<(), Closed>>,
+) -> bool {
+    tokio::select! {
+        r = produce => r.is_ok(),
+        _ = tx.closed() => false,
+    }
+}
+
 impl SseSender {
-    /// Sends `data: <json>\n\n`.
+    /// Sends `data: <json>\n\n` (OpenAI chat and completions streams).
     pub async fn event<T: Serialize>(&self, value: &T) -> Result<(), Closed> {
         let mut buf = b"data: ".to_vec();
         serde_json::to_writer(&mut buf, value).expect("chunk serializes");
+        buf.extend_from_slice(b"\n\n");
+        self.send(Bytes::from(buf)).await
+    }
+
+    /// Sends `event: <name>\ndata: <json>\n\n` (Responses and Messages
+    /// streams name each event; they end without `[DONE]`).
+    pub async fn named<T: Serialize>(&self, name: &str, value: &T) -> Result<(), Closed> {
+        let mut buf = format!("event: {name}\ndata: ").into_bytes();
+        serde_json::to_writer(&mut buf, value).expect("event serializes");
         buf.extend_from_slice(b"\n\n");
         self.send(Bytes::from(buf)).await
     }
@@ -72,7 +110,6 @@ impl Body for SseBody {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http_body_util::BodyExt;
 
     #[tokio::test]
     async fn events_are_framed_and_end_with_done() {
@@ -83,6 +120,21 @@ mod tests {
         });
         let all = body.collect().await.unwrap().to_bytes();
         assert_eq!(&all[..], b"data: {\"a\":1}\n\ndata: [DONE]\n\n");
+    }
+
+    #[tokio::test]
+    async fn named_events_carry_their_name() {
+        let (tx, body) = channel();
+        tokio::spawn(async move {
+            tx.named("message_stop", &serde_json::json!({"type": "message_stop"}))
+                .await
+                .unwrap();
+        });
+        let all = body.collect().await.unwrap().to_bytes();
+        assert_eq!(
+            &all[..],
+            b"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"
+        );
     }
 
     #[tokio::test]

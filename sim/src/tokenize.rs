@@ -5,9 +5,8 @@
 //! `tokens = ceil(bytes / 4)`. Tokens may split a multi-byte character; that
 //! is fine because nothing is ever decoded back.
 //!
-//! Prompt text: for chat requests, `<role>\n<content>\n` for each message in
-//! order (array content joins the `text` parts); for completions the `prompt`
-//! string, or an array of strings joined with nothing in between.
+//! Prompt text: for chat-like requests see `conversation`; for completions
+//! the `prompt` string, or an array of strings joined with nothing between.
 //!
 //! Blocks: tokens are cut into blocks of `block_size` tokens; only full blocks
 //! get a hash. Hashes are chained so a block's identity includes everything
@@ -22,6 +21,32 @@ pub const BYTES_PER_TOKEN: usize = 4;
 /// Number of tokens in `text` (last partial token counts as one).
 pub fn count_tokens(text: &str) -> usize {
     text.len().div_ceil(BYTES_PER_TOKEN)
+}
+
+/// Token ids of `text` for `/tokenize`: each 4-byte group read as a
+/// little-endian u32 (a short last group zero-padded), so `detokenize`
+/// can give the text back.
+pub fn token_ids(text: &str) -> Vec<u32> {
+    text.as_bytes()
+        .chunks(BYTES_PER_TOKEN)
+        .map(|c| {
+            let mut b = [0u8; BYTES_PER_TOKEN];
+            b[..c.len()].copy_from_slice(c);
+            u32::from_le_bytes(b)
+        })
+        .collect()
+}
+
+/// Text of token ids made by `token_ids` (padding zero bytes dropped; an id
+/// that is no such group still decodes, lossily).
+pub fn detokenize(ids: &[u32]) -> String {
+    let mut bytes = Vec::with_capacity(ids.len() * BYTES_PER_TOKEN);
+    for id in ids {
+        let b = id.to_le_bytes();
+        let len = BYTES_PER_TOKEN - b.iter().rev().take_while(|&&x| x == 0).count();
+        bytes.extend_from_slice(&b[..len]);
+    }
+    String::from_utf8_lossy(&bytes).into_owned()
 }
 
 /// Chained hashes of all full blocks of `text`, first block first.
@@ -47,45 +72,6 @@ pub fn block_hashes(text: &str, block_size: usize) -> Vec<u64> {
 /// Why a request body has no usable prompt.
 #[derive(Debug, PartialEq, Eq)]
 pub struct PromptError(pub String);
-
-/// Prompt text of a chat request: `<role>\n<content>\n` per message.
-pub fn chat_prompt(body: &Value) -> Result<String, PromptError> {
-    let messages = body
-        .get("messages")
-        .and_then(Value::as_array)
-        .ok_or_else(|| PromptError("'messages' must be a non-empty array".into()))?;
-    if messages.is_empty() {
-        return Err(PromptError("'messages' must be a non-empty array".into()));
-    }
-    let mut text = String::new();
-    for m in messages {
-        let role = m
-            .get("role")
-            .and_then(Value::as_str)
-            .ok_or_else(|| PromptError("each message needs a string 'role'".into()))?;
-        text.push_str(role);
-        text.push('\n');
-        match m.get("content") {
-            None | Some(Value::Null) => {}
-            Some(Value::String(s)) => text.push_str(s),
-            Some(Value::Array(parts)) => {
-                // Only text parts reach the tokenizer; other part types are ignored.
-                for p in parts {
-                    if let Some(t) = p.get("text").and_then(Value::as_str) {
-                        text.push_str(t);
-                    }
-                }
-            }
-            Some(_) => {
-                return Err(PromptError(
-                    "message 'content' must be a string or an array".into(),
-                ))
-            }
-        }
-        text.push('\n');
-    }
-    Ok(text)
-}
 
 /// Prompt text of a completions request: the string, or strings joined.
 pub fn completion_prompt(body: &Value) -> Result<String, PromptError> {
@@ -123,6 +109,15 @@ mod tests {
     }
 
     #[test]
+    fn token_ids_round_trip() {
+        let text = "héllo, wörld!";
+        let ids = token_ids(text);
+        assert_eq!(ids.len(), count_tokens(text));
+        assert_eq!(ids[0], u32::from_le_bytes(*b"h\xc3\xa9l"));
+        assert_eq!(detokenize(&ids), text);
+    }
+
+    #[test]
     fn only_full_blocks_are_hashed_and_chained() {
         let text = "x".repeat(40 * 4); // 40 tokens
         let h = block_hashes(&text, 16);
@@ -132,20 +127,6 @@ mod tests {
         let mut buf = 0u64.to_le_bytes().to_vec();
         buf.extend_from_slice(&text.as_bytes()[..64]);
         assert_eq!(h[0], xxh3_64(&buf));
-    }
-
-    #[test]
-    fn chat_prompt_concatenates_role_and_content() {
-        let body = json!({"messages": [
-            {"role": "system", "content": "be brief"},
-            {"role": "user", "content": [{"type": "text", "text": "hi "}, {"type": "image_url"}, {"type": "text", "text": "there"}]}
-        ]});
-        assert_eq!(
-            chat_prompt(&body).unwrap(),
-            "system\nbe brief\nuser\nhi there\n"
-        );
-        assert!(chat_prompt(&json!({"messages": []})).is_err());
-        assert!(chat_prompt(&json!({})).is_err());
     }
 
     #[test]
