@@ -27,6 +27,8 @@ struct Probe<'a> {
     stream: Option<IgnoredAnyOr<bool>>,
     #[serde(default)]
     stream_options: Option<IgnoredAny>,
+    #[serde(borrow, default)]
+    previous_response_id: Option<IgnoredAnyOr<Cow<'a, str>>>,
 }
 
 /// A value of type `T`, or anything else (which then counts as absent).
@@ -45,6 +47,8 @@ pub struct Inspected<'a> {
     pub stream: bool,
     /// A `stream_options` key is present (the client chose for itself).
     pub stream_options: bool,
+    /// A string `previous_response_id` (Responses API).
+    pub previous_response_id: Option<Cow<'a, str>>,
 }
 
 #[derive(Deserialize)]
@@ -77,6 +81,10 @@ pub fn inspect(body: &[u8]) -> Result<Inspected<'_>, BodyError> {
         model,
         stream: matches!(probe.stream, Some(IgnoredAnyOr::Value(true))),
         stream_options: probe.stream_options.is_some(),
+        previous_response_id: match probe.previous_response_id {
+            Some(IgnoredAnyOr::Value(id)) => Some(id),
+            _ => None,
+        },
     })
 }
 

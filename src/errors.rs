@@ -30,6 +30,15 @@ pub enum ApiError {
     QueueFull { model: String },
     #[error("no slot for model `{model}` came free within the queue timeout")]
     QueueTimeout { model: String },
+    #[error("the stored response `{id}` is unavailable: {detail}")]
+    StoredUnavailable {
+        id: String,
+        detail: String,
+        retry_after: Option<Duration>,
+    },
+    /// No backend has the stored response: its backends' own 404, as sent.
+    #[error("stored response not found")]
+    StoredNotFound(Bytes),
     #[error("the backend could not be reached: {0}")]
     BadGateway(String),
     #[error("the backend did not answer in time")]
@@ -42,10 +51,13 @@ impl ApiError {
             ApiError::BadRequest(_) => 400,
             ApiError::Unauthorized(_) => 401,
             ApiError::TooLarge { .. } => 413,
-            ApiError::UnknownModel(_) | ApiError::NotFound { .. } => 404,
+            ApiError::UnknownModel(_) | ApiError::NotFound { .. } | ApiError::StoredNotFound(_) => {
+                404
+            }
             ApiError::NoBackend { .. }
             | ApiError::QueueFull { .. }
-            | ApiError::QueueTimeout { .. } => 503,
+            | ApiError::QueueTimeout { .. }
+            | ApiError::StoredUnavailable { .. } => 503,
             ApiError::BadGateway(_) => 502,
             ApiError::GatewayTimeout => 504,
         }
@@ -59,6 +71,8 @@ impl ApiError {
             ApiError::TooLarge { .. } => ("invalid_request_error", "body_too_large"),
             ApiError::UnknownModel(_) => ("invalid_request_error", "model_not_found"),
             ApiError::NotFound { .. } => ("invalid_request_error", "not_found"),
+            ApiError::StoredNotFound(_) => ("invalid_request_error", "response_not_found"),
+            ApiError::StoredUnavailable { .. } => ("server_error", "stored_response_unavailable"),
             ApiError::NoBackend { .. } => ("server_error", "no_backend"),
             ApiError::QueueFull { .. } => ("server_error", "queue_full"),
             ApiError::QueueTimeout { .. } => ("server_error", "queue_timeout"),
@@ -71,9 +85,11 @@ impl ApiError {
     pub fn retry_after(&self) -> Option<u64> {
         match self {
             // Round up: retrying before the backend returns is wasted.
-            ApiError::NoBackend { retry_after, .. } => {
-                Some(retry_after.as_millis().div_ceil(1000).max(1) as u64)
-            }
+            ApiError::NoBackend { retry_after, .. }
+            | ApiError::StoredUnavailable {
+                retry_after: Some(retry_after),
+                ..
+            } => Some(retry_after.as_millis().div_ceil(1000).max(1) as u64),
             // A slot usually frees within a generation's time.
             ApiError::QueueFull { .. } | ApiError::QueueTimeout { .. } => Some(1),
             _ => None,
@@ -82,6 +98,9 @@ impl ApiError {
 
     /// The JSON body of this error.
     pub fn body(&self) -> Bytes {
+        if let ApiError::StoredNotFound(body) = self {
+            return body.clone();
+        }
         let (kind, code) = self.kind();
         let v = serde_json::json!({
             "error": {"message": self.to_string(), "type": kind, "code": code}

@@ -51,6 +51,20 @@ pub static QUEUE_REJECTED: LazyLock<IntCounterVec> = LazyLock::new(|| {
     )
 });
 
+/// How the backend of a stored response was found, by result: `known` (the
+/// gateway remembered it), `found` (a backend said it has it),
+/// `not_found` (every backend said it has not), `no_answer` (none has it
+/// among those that answered), `unavailable` (its backend is excluded,
+/// failed the request or left).
+pub static RESPONSE_OWNER_LOOKUPS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter_vec(
+        "poimen_gateway_response_owner_lookups_total",
+        "Requests about a stored response, by how its backend was found \
+         (known, found, not_found, no_answer, unavailable)",
+        &["result"],
+    )
+});
+
 pub static INFLIGHT: LazyLock<IntGaugeVec> = LazyLock::new(|| {
     gauge_vec(
         "poimen_gateway_inflight",

@@ -28,7 +28,7 @@ use crate::discovery::Discovery;
 use crate::failover::exclusion::{CurrentExclusions, Exclusions};
 use crate::failover::health::RestoreOnHealthy;
 use crate::metrics;
-use crate::routing::{Input, Plan, Router, Routing, Status};
+use crate::routing::{Input, Owners, Plan, Router, Routing, Status, Unroutable};
 use crate::tls::{self, BackendTls};
 
 pub struct ModelPool {
@@ -66,14 +66,13 @@ struct Member {
 impl Members {
     /// Route `input` among these backends as `routing` decides: the
     /// candidates, best first, leaving out the backends it already failed
-    /// on. `Err` carries the time until the earliest excluded backend
-    /// returns.
+    /// on.
     pub fn route<'a>(
         &self,
         routing: &'a Routing,
-        input: &'a mut Input,
+        input: &'a Input,
         now: Instant,
-    ) -> Result<Plan<'a>, Duration> {
+    ) -> Result<Plan<'a>, Unroutable> {
         // The health check's verdict is not used to exclude: a slow /health
         // on a busy backend must not take it out. Only real failures do.
         // The slot limit only matters to bounded load (and takes a lock
@@ -87,9 +86,7 @@ impl Members {
                 slots: admission.filter(|_| bounded).map_or(0, |a| a.slot_limit()),
             }
         };
-        routing
-            .route(&self.router, input, status, now)
-            .ok_or_else(|| self.exclusions.retry_after(now))
+        routing.route(&self.router, input, status, now)
     }
 
     /// The admission of one of these backends.
@@ -144,6 +141,7 @@ impl ModelPool {
         window: Duration,
         health: Option<&HealthCheckConfig>,
         upstream_ca_file: Option<&str>,
+        owners: Arc<Owners>,
     ) -> (Self, Option<HealthCheckService>) {
         let members = Arc::new(ArcSwap::from_pointee(Members {
             router: Router::new(&model.policy, []),
@@ -164,7 +162,7 @@ impl ModelPool {
         }
         let pool = ModelPool {
             name: model.name.clone(),
-            routing: Routing::new(model.policy.clone()),
+            routing: Routing::new(model.name.as_str().into(), model.policy.clone(), owners),
             limits: model.limits,
             load_feedback: model.load_feedback,
             backends: Backends::new_with_health_registry(Box::new(discovery), registry),
@@ -341,7 +339,7 @@ mod tests {
     use http::HeaderValue;
 
     use crate::api::Api;
-    use crate::routing::{Policy, Route};
+    use crate::routing::{Owners, Policy, Route};
 
     fn addr(i: u16) -> SocketAddr {
         SocketAddr::from(([127, 0, 0, 1], 9000 + i))
@@ -375,7 +373,24 @@ mod tests {
             allow_unresolved: false,
         };
         let discovery = Discovery::new(&model.name, &config, Entries::new(&model.backends));
-        ModelPool::new(model, discovery, Duration::from_secs(30), None, None).0
+        let owners = routing_owners();
+        ModelPool::new(
+            model,
+            discovery,
+            Duration::from_secs(30),
+            None,
+            None,
+            owners,
+        )
+        .0
+    }
+
+    fn routing_owners() -> Arc<Owners> {
+        Arc::new(Owners::new(16, Duration::from_secs(60)))
+    }
+
+    fn routing() -> Routing {
+        Routing::new("m".into(), Policy::default(), routing_owners())
     }
 
     fn pool(n: u16) -> Arc<Members> {
@@ -486,11 +501,11 @@ mod tests {
     fn an_excluded_backend_falls_back_then_returns_after_the_window() {
         let p = pool(4);
         let now = Instant::now();
-        let routing = Routing::new(Policy::default());
+        let routing = routing();
         let best = |t| {
             let key = Some(HeaderValue::from_static("k1"));
-            let mut input = routing.input(key, false, Api::ChatCompletions, Bytes::new());
-            p.route(&routing, &mut input, t).unwrap().candidates[0]
+            let input = routing.input(key, false, Api::ChatCompletions, Bytes::new());
+            p.route(&routing, &input, t).unwrap().candidates[0]
         };
         let first = best(now);
         assert_eq!(first.route, Route::Hash);
@@ -508,11 +523,13 @@ mod tests {
         p.exclusions().exclude(p.addrs()[0], now);
         p.exclusions()
             .exclude(p.addrs()[1], now + Duration::from_secs(10));
-        let routing = Routing::new(Policy::default());
-        let mut input = routing.input(None, false, Api::ChatCompletions, Bytes::new());
-        let Err(wait) = p.route(&routing, &mut input, now + Duration::from_secs(10)) else {
+        let routing = routing();
+        let input = routing.input(None, false, Api::ChatCompletions, Bytes::new());
+        let later = now + Duration::from_secs(10);
+        let Err(Unroutable::NoBackend) = p.route(&routing, &input, later) else {
             panic!("every backend is excluded");
         };
+        let wait = p.exclusions().retry_after(later);
         assert!(wait <= Duration::from_secs(20) && wait > Duration::from_secs(19));
     }
 }

@@ -3,19 +3,20 @@
 //! first that has room.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Instant;
 
 use log::warn;
 use pingora::proxy::Session;
 
 use super::respond::{until_client_leaves, Stop};
-use super::{Attempt, Gateway};
+use super::{stored, Attempt, Gateway};
 use crate::admission::{AdmitError, Class};
 use crate::config::Overflow;
 use crate::errors::ApiError;
 use crate::metrics;
 use crate::pool::{Members, ModelPool};
-use crate::routing::Input;
+use crate::routing::{Input, Unroutable};
 
 impl Gateway {
     /// A warmup sleeps before it competes for a slot, holding
@@ -35,8 +36,8 @@ impl Gateway {
     pub(super) async fn admit(
         &self,
         session: &mut Session,
-        pool: &ModelPool,
-        input: &mut Input,
+        pool: &Arc<ModelPool>,
+        input: &Input,
     ) -> Result<Attempt, Stop> {
         let class = if input.warmup() {
             Class::Warmup
@@ -45,12 +46,26 @@ impl Gateway {
         };
         // The set as it is now: a retry after a change sees the new one.
         let members = pool.members();
-        let plan = members
-            .route(&pool.routing, input, Instant::now())
-            .map_err(|retry_after| ApiError::NoBackend {
-                model: pool.name.clone(),
-                retry_after,
-            })?;
+        let mut routed = members.route(&pool.routing, input, Instant::now());
+        if let Err(Unroutable::OwnerUnknown(id)) = &routed {
+            let id = id.clone();
+            until_client_leaves(session, self.stored_owner(&id, &[pool])).await??;
+            routed = members.route(&pool.routing, input, Instant::now());
+        } else if routed.is_ok() && input.stored().is_some() {
+            stored::count("known");
+        }
+        let plan = routed.map_err(|why| unroutable(pool, &members, why))?;
+        if !input.api().takes_slot() {
+            let candidate = plan.candidates[0];
+            plan.admitted(candidate);
+            return Ok(Attempt {
+                members,
+                candidate,
+                permit: None,
+                failed: false,
+                response_started: false,
+            });
+        }
         let tries = match self.config.overflow {
             Overflow::Spill => plan.candidates.len(),
             Overflow::Reject => 1,
@@ -85,6 +100,38 @@ impl Gateway {
             failed: false,
             response_started: false,
         })
+    }
+}
+
+/// The error for a request routing found no backend for.
+fn unroutable(pool: &ModelPool, members: &Members, why: Unroutable) -> ApiError {
+    let now = Instant::now();
+    match why {
+        Unroutable::NoBackend => ApiError::NoBackend {
+            model: pool.name.clone(),
+            retry_after: members.exclusions().retry_after(now),
+        },
+        Unroutable::OwnerUnknown(id) => ApiError::StoredUnavailable {
+            id,
+            detail: "no backend said it has it".into(),
+            retry_after: None,
+        },
+        Unroutable::OwnerUnavailable { id, owner } => {
+            stored::count("unavailable");
+            let excluded = members.exclusions().remaining(&owner, now);
+            let detail = match excluded {
+                Some(_) => format!("its backend {owner} is excluded after a failure"),
+                None if members.addrs().contains(&owner) => {
+                    format!("its backend {owner} failed this request")
+                }
+                None => format!("its backend {owner} no longer serves model `{}`", pool.name),
+            };
+            ApiError::StoredUnavailable {
+                id,
+                detail: format!("{detail}; no other backend has it"),
+                retry_after: excluded,
+            }
+        }
     }
 }
 

@@ -6,14 +6,17 @@ use std::time::Instant;
 use http::Method;
 use serde_json::{json, Value};
 
+use crate::api::{self, Api};
 use crate::pool::ModelPool;
 
 #[derive(Debug, PartialEq, Eq)]
 pub enum Endpoint {
     Health,
     Models,
-    /// A `/v1/*` POST: routed by the body's `model`.
-    Proxy,
+    /// A POST of a proxied API: routed by the body's `model`.
+    Proxy(Api),
+    /// A retrieve or cancel of a stored response: routed to its owner.
+    Stored(String),
     NotFound,
 }
 
@@ -21,8 +24,10 @@ pub fn classify(method: &Method, path: &str) -> Endpoint {
     match (method, path) {
         (&Method::GET, "/health") => Endpoint::Health,
         (&Method::GET, "/v1/models") => Endpoint::Models,
-        (&Method::POST, p) if p.starts_with("/v1/") => Endpoint::Proxy,
-        _ => Endpoint::NotFound,
+        (m, p) => match Api::of_post(p).filter(|_| m == Method::POST) {
+            Some(api) => Endpoint::Proxy(api),
+            None => api::stored_response(m, p).map_or(Endpoint::NotFound, Endpoint::Stored),
+        },
     }
 }
 
@@ -69,12 +74,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn routes_only_v1_posts_to_backends() {
+    fn routes_only_the_listed_posts_to_backends() {
         assert_eq!(
             classify(&Method::POST, "/v1/chat/completions"),
-            Endpoint::Proxy
+            Endpoint::Proxy(Api::ChatCompletions)
         );
-        assert_eq!(classify(&Method::POST, "/v1/embeddings"), Endpoint::Proxy);
+        assert_eq!(
+            classify(&Method::POST, "/v1/embeddings"),
+            Endpoint::Proxy(Api::Engine)
+        );
+        assert_eq!(
+            classify(&Method::GET, "/v1/responses/resp_1"),
+            Endpoint::Stored("resp_1".into())
+        );
+        assert_eq!(classify(&Method::POST, "/v1/x"), Endpoint::NotFound);
         assert_eq!(classify(&Method::GET, "/v1/models"), Endpoint::Models);
         assert_eq!(classify(&Method::GET, "/health"), Endpoint::Health);
         assert_eq!(

@@ -25,6 +25,7 @@ mod endpoints;
 mod headers;
 mod record;
 mod respond;
+mod stored;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -35,6 +36,8 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use http::HeaderValue;
 use log::{debug, warn};
+use pingora::connectors::http::Connector;
+use pingora::connectors::ConnectorOptions;
 use pingora::lb::HealthCheckService;
 use pingora::prelude::*;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
@@ -52,9 +55,11 @@ use crate::errors::{self, ApiError};
 use crate::failover::{self, Decision, Failure};
 use crate::metrics;
 use crate::pool::{Members, ModelPool};
-use crate::routing::{Candidate, Input};
+use crate::routing::owners;
+use crate::routing::{Candidate, Input, Owners};
+use crate::tls;
 use endpoints::Endpoint;
-use respond::{respond, respond_json, Stop};
+use respond::{respond, respond_json, until_client_leaves, Stop};
 
 /// How long the rest of a refused body is read and discarded after the
 /// answer; a client that is still sending then is cut off.
@@ -65,6 +70,11 @@ pub struct Gateway {
     pools: HashMap<String, Arc<ModelPool>>,
     /// JWT verification, when `auth.jwt` is configured.
     jwt: Option<Verifier>,
+    /// Which backend stored each Responses API response, for every model.
+    owners: Arc<Owners>,
+    /// How backends are asked about a stored response the gateway does not
+    /// know.
+    lookup: stored::Lookup,
     /// Unix time of start, the `created` of `/v1/models` entries.
     started: u64,
 }
@@ -158,6 +168,10 @@ impl Gateway {
     ) -> (Self, Vec<(String, HealthCheckService)>) {
         let mut services = Vec::new();
         let mut pools = HashMap::new();
+        let owners = Arc::new(Owners::new(
+            owners::DEFAULT_MAX_ENTRIES,
+            owners::DEFAULT_MAX_AGE,
+        ));
         for (m, (_, entries)) in config.models.iter().zip(resolved.models) {
             let discovery = Discovery::new(&m.name, &config.discovery, entries);
             let (pool, health) = ModelPool::new(
@@ -166,6 +180,7 @@ impl Gateway {
                 config.failure_exclusion,
                 config.health_check.as_ref(),
                 config.upstream_ca_file.as_deref(),
+                owners.clone(),
             );
             services.extend(health.map(|h| (format!("health check {}", m.name), h)));
             pools.insert(m.name.clone(), Arc::new(pool));
@@ -190,10 +205,19 @@ impl Gateway {
                 .is_some_and(|j| matches!(j.jwks, JwksSource::Url { .. }));
             metrics::init_auth(fetched);
         }
+        // Its own connector: a question or two per unknown id needs no pool.
+        let options = tls::trusting(ConnectorOptions::new(0), config.upstream_ca_file.as_deref());
+        let lookup = stored::Lookup::new(
+            Connector::new(Some(options)),
+            config.upstream_api_key.as_deref(),
+            owners::DEFAULT_LOOKUP_TIMEOUT,
+        );
         let gateway = Gateway {
             config: Arc::new(config),
             pools,
             jwt,
+            owners,
+            lookup,
             started,
         };
         (gateway, services)
@@ -230,15 +254,19 @@ impl Gateway {
     }
 
     /// Pools in configuration order.
-    fn pools_in_order(&self) -> impl Iterator<Item = &ModelPool> {
-        self.config.models.iter().map(|m| &*self.pools[&m.name])
+    fn pools_in_order(&self) -> impl Iterator<Item = &Arc<ModelPool>> {
+        self.config.models.iter().map(|m| &self.pools[&m.name])
     }
 
     /// Read the body, resolve the model, delay a warmup, take a slot.
-    async fn prepare(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<(), Stop> {
+    async fn prepare(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+        api: Api,
+    ) -> Result<(), Stop> {
         let req = session.req_header();
         let cache_key = headers::cache_key(req)?;
-        let api = Api::of_path(req.uri.path());
         let warmup = headers::is_warmup(req, api);
         let raw = body_reader::read_whole(session, self.config.max_request_body_bytes).await?;
         let facts = body::inspect(&raw).map_err(|e| ApiError::BadRequest(e.to_string()))?;
@@ -247,6 +275,11 @@ impl Gateway {
             .get(facts.model.as_ref())
             .ok_or_else(|| ApiError::UnknownModel(facts.model.to_string()))?
             .clone();
+        // A turn that continues a stored response goes where it is stored.
+        let continues = (api == Api::Responses)
+            .then(|| facts.previous_response_id.filter(|id| owners::valid_id(id)))
+            .flatten()
+            .map(|id| id.into_owned());
         ctx.phase = Phase::Unserved(pool.clone());
         // A stream whose client did not ask for usage: ask for it, and hide
         // the extra chunk from the client.
@@ -260,16 +293,42 @@ impl Gateway {
         } else {
             raw
         };
-        let mut input = pool.routing.input(cache_key, warmup, api, body.clone());
+        let input =
+            (pool.routing.input(cache_key, warmup, api, body.clone())).with_stored(continues);
         if warmup {
             self.warmup_delay(session).await?;
         }
-        let attempt = self.admit(session, &pool, &mut input).await?;
+        let attempt = self.admit(session, &pool, &input).await?;
         ctx.phase = Phase::Routed(Box::new(Routed {
             pool,
             input,
             body,
             tracker,
+            attempt,
+        }));
+        Ok(())
+    }
+
+    /// A retrieve or cancel of stored response `id`: to the backend that
+    /// stored it, whatever model that was, without a slot.
+    async fn prepare_stored(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+        id: String,
+    ) -> Result<(), Stop> {
+        let body = body_reader::read_whole(session, self.config.max_request_body_bytes).await?;
+        let pools: Vec<&Arc<ModelPool>> = self.pools_in_order().collect();
+        let pool = until_client_leaves(session, self.stored_owner(&id, &pools)).await??;
+        ctx.phase = Phase::Unserved(pool.clone());
+        let input =
+            (pool.routing.input(None, false, Api::Stored, body.clone())).with_stored(Some(id));
+        let attempt = self.admit(session, &pool, &input).await?;
+        ctx.phase = Phase::Routed(Box::new(Routed {
+            pool,
+            input,
+            body,
+            tracker: None,
             attempt,
         }));
         Ok(())
@@ -303,7 +362,7 @@ impl Gateway {
         };
         routed.attempt.permit = None;
         let pool = routed.pool.clone();
-        let stop = match self.admit(session, &pool, &mut routed.input).await {
+        let stop = match self.admit(session, &pool, &routed.input).await {
             Ok(attempt) => {
                 routed.attempt = attempt;
                 return Ok(());
@@ -384,10 +443,12 @@ impl ProxyHttp for Gateway {
             }
         }
         let req = session.req_header();
-        match endpoint {
-            Endpoint::Proxy => {}
+        let prepared = match endpoint {
+            Endpoint::Proxy(api) => self.prepare(session, ctx, api).await,
+            Endpoint::Stored(id) => self.prepare_stored(session, ctx, id).await,
             Endpoint::Health => {
-                let (ok, body) = endpoints::health(self.pools_in_order(), Instant::now());
+                let pools = self.pools_in_order().map(|p| &**p);
+                let (ok, body) = endpoints::health(pools, Instant::now());
                 respond_json(session, if ok { 200 } else { 503 }, body).await;
                 return Ok(true);
             }
@@ -404,8 +465,8 @@ impl ProxyHttp for Gateway {
                 respond(session, e.response()).await;
                 return Ok(true);
             }
-        }
-        match self.prepare(session, ctx).await {
+        };
+        match prepared {
             Ok(()) => Ok(false),
             Err(Stop::Answer(e)) => {
                 respond(session, e.response()).await;

@@ -37,6 +37,7 @@
 mod bounded;
 mod model;
 mod moves;
+pub mod owners;
 pub mod prefix;
 pub mod rendezvous;
 mod round_robin;
@@ -46,7 +47,8 @@ use std::net::SocketAddr;
 use crate::api::Api;
 use round_robin::RoundRobin;
 
-pub use model::{Input, Plan, Routing};
+pub use model::{Input, Plan, Routing, Unroutable};
+pub use owners::{Owner, Owners};
 
 /// Why a backend was chosen: shown to clients as `X-Poimen-Route`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,6 +65,9 @@ pub enum Route {
     Balance,
     /// No key: the first choice of the key derived from the body.
     Prefix,
+    /// The backend that stored the response this request continues or
+    /// names (`owners.rs`).
+    Owner,
 }
 
 impl Route {
@@ -74,6 +79,7 @@ impl Route {
             Route::Spill => "spill",
             Route::Balance => "balance",
             Route::Prefix => "prefix",
+            Route::Owner => "owner",
         }
     }
 }

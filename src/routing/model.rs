@@ -1,18 +1,22 @@
 //! One model's routing, the entry point the proxy calls: [`Routing`] holds
 //! the model's [`Policy`] and the state routing keeps (moved conversations,
-//! `moves.rs`); [`Input`] is what routing reads of one request, kept for its
+//! `moves.rs`; the owners of stored responses, `owners.rs`, shared by every
+//! model); [`Input`] is what routing reads of one request, kept for its
 //! whole life; [`Routing::route`] ranks the candidates and hands back a
-//! [`Plan`], which the proxy tells which candidate admitted the request.
-//! The proxy decides nothing about routing.
+//! [`Plan`], which the proxy tells which candidate admitted the request, or
+//! says why there is none ([`Unroutable`]). The proxy decides nothing about
+//! routing: it reports what it saw (an admission, a failure, a response
+//! stored, the owner the backends named).
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use bytes::Bytes;
 use http::HeaderValue;
 
 use super::moves::Moves;
+use super::owners::{Owner, Owners};
 use super::prefix::DerivedKey;
 use super::{Affinity, Balance, Candidate, Policy, Request, Route, Router, Status};
 use crate::api::Api;
@@ -20,9 +24,25 @@ use crate::api::Api;
 /// One model's routing policy and the state it keeps across requests and
 /// backend sets.
 pub struct Routing {
+    model: Arc<str>,
     policy: Policy,
     /// Where bounded load moved conversations.
     moves: Arc<Moves>,
+    owners: Arc<Owners>,
+}
+
+/// Why a request has no candidate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unroutable {
+    /// Every backend is excluded or already failed this request.
+    NoBackend,
+    /// The stored response it continues or names has no known owner here:
+    /// ask the backends, then [`Routing::owner_found`].
+    OwnerUnknown(String),
+    /// The owner is known but excluded, already failed this request, or no
+    /// longer a backend of the model. Never sent elsewhere: no other
+    /// backend has the response.
+    OwnerUnavailable { id: String, owner: SocketAddr },
 }
 
 /// What routing reads of one request: its affinity, whether it is a
@@ -36,10 +56,13 @@ pub struct Input {
     api: Api,
     body: Bytes,
     tried: Vec<SocketAddr>,
+    /// The stored response this request continues (`previous_response_id`)
+    /// or names (a retrieve or cancel): only its owner can serve it.
+    stored: Option<String>,
     /// The conversation bounded load may move, once looked for (it scans
     /// the body, so only once some conversation has moved or this one
-    /// moves).
-    conversation: Option<Option<u64>>,
+    /// moves). Set once, from a shared borrow: a retry routes again.
+    conversation: OnceLock<Option<u64>>,
 }
 
 impl Input {
@@ -64,6 +87,20 @@ impl Input {
         self.warmup
     }
 
+    /// It continues or names stored response `id`.
+    pub fn with_stored(mut self, id: Option<String>) -> Self {
+        self.stored = id;
+        self
+    }
+
+    pub fn api(&self) -> Api {
+        self.api
+    }
+
+    pub fn stored(&self) -> Option<&str> {
+        self.stored.as_deref()
+    }
+
     /// The request failed on `addr`: it is not routed there again.
     pub fn failed_on(&mut self, addr: SocketAddr) {
         self.tried.push(addr);
@@ -75,15 +112,13 @@ impl Input {
         !self.warmup
     }
 
-    fn conversation(&mut self, policy: &Policy) -> Option<u64> {
-        if self.conversation.is_none() {
-            let found = match (self.movable(), self.affinity().key()) {
+    fn conversation(&self, policy: &Policy) -> Option<u64> {
+        *self
+            .conversation
+            .get_or_init(|| match (self.movable(), self.affinity().key()) {
                 (true, Some(key)) => policy.conversation(key, self.api, &self.body),
                 _ => None,
-            };
-            self.conversation = Some(found);
-        }
-        self.conversation.flatten()
+            })
     }
 }
 
@@ -93,7 +128,7 @@ pub struct Plan<'a> {
     pub candidates: Vec<Candidate>,
     moves: &'a Moves,
     policy: &'a Policy,
-    input: &'a mut Input,
+    input: &'a Input,
     now: Instant,
 }
 
@@ -113,10 +148,14 @@ impl Plan<'_> {
 }
 
 impl Routing {
-    pub fn new(policy: Policy) -> Self {
+    /// The routing of `model`, sharing the gateway's stored-response
+    /// `owners`.
+    pub fn new(model: Arc<str>, policy: Policy, owners: Arc<Owners>) -> Self {
         Routing {
+            model,
             policy,
             moves: Arc::default(),
+            owners,
         }
     }
 
@@ -149,19 +188,32 @@ impl Routing {
             api,
             body,
             tried: Vec::new(),
-            conversation: None,
+            stored: None,
+            conversation: OnceLock::new(),
         }
     }
 
     /// The candidates for `input` among `router`'s members, each in the
-    /// `status` it has now; `None` when no member is usable.
+    /// `status` it has now.
     pub fn route<'a>(
         &'a self,
         router: &Router,
-        input: &'a mut Input,
+        input: &'a Input,
         status: impl Fn(&SocketAddr) -> Status,
         now: Instant,
-    ) -> Option<Plan<'a>> {
+    ) -> Result<Plan<'a>, Unroutable> {
+        if let Some(id) = &input.stored {
+            let owner = self.owner(router, id, now)?;
+            if status(&owner).excluded || input.tried.contains(&owner) {
+                let id = id.clone();
+                return Err(Unroutable::OwnerUnavailable { id, owner });
+            }
+            let candidates = vec![Candidate {
+                addr: owner,
+                route: Route::Owner,
+            }];
+            return Ok(self.plan(candidates, input, now));
+        }
         let balance = if !input.movable() {
             Balance::Fixed
         } else if self.moves.is_empty() {
@@ -177,14 +229,43 @@ impl Routing {
             tried: &input.tried,
             balance,
         };
-        let candidates = router.rank(request, status)?;
-        Some(Plan {
+        let candidates = router.rank(request, status).ok_or(Unroutable::NoBackend)?;
+        Ok(self.plan(candidates, input, now))
+    }
+
+    fn plan<'a>(&'a self, candidates: Vec<Candidate>, input: &'a Input, now: Instant) -> Plan<'a> {
+        Plan {
             candidates,
             moves: &self.moves,
             policy: &self.policy,
             input,
             now,
-        })
+        }
+    }
+
+    /// The backend of `router` that stored response `id`.
+    fn owner(&self, router: &Router, id: &str, now: Instant) -> Result<SocketAddr, Unroutable> {
+        let owner = self
+            .owners
+            .get(id, now)
+            .ok_or_else(|| Unroutable::OwnerUnknown(id.to_string()))?;
+        match router.addrs().contains(&owner.addr) {
+            true => Ok(owner.addr),
+            false => Err(Unroutable::OwnerUnavailable {
+                id: id.to_string(),
+                owner: owner.addr,
+            }),
+        }
+    }
+
+    /// Backend `addr` stored response `id` (it answered it, or said it has
+    /// it when asked).
+    pub fn owner_found(&self, id: &str, addr: SocketAddr, now: Instant) {
+        let owner = Owner {
+            model: self.model.clone(),
+            addr,
+        };
+        self.owners.record(id, &owner, now);
     }
 
     /// How many conversations bounded load moved to each of `addrs` (for
@@ -211,7 +292,8 @@ mod tests {
             ..Policy::default()
         };
         let router = Router::new(&policy, addrs().into_iter().map(|a| (a, 1)));
-        (Routing::new(policy), router)
+        let owners = Arc::new(Owners::new(16, std::time::Duration::from_secs(60)));
+        (Routing::new("m".into(), policy, owners), router)
     }
 
     /// A chat turn of the conversation that starts with `first`.
@@ -231,7 +313,7 @@ mod tests {
     fn admit(
         routing: &Routing,
         router: &Router,
-        input: &mut Input,
+        input: &Input,
         busy: Option<SocketAddr>,
     ) -> Candidate {
         let status = |a: &SocketAddr| Status {
@@ -249,51 +331,94 @@ mod tests {
     #[test]
     fn a_moved_conversation_is_remembered_and_followed_by_its_next_turns() {
         let (routing, router) = bounded();
-        let owner = admit(&routing, &router, &mut turn(&routing, "q", 1, false), None);
+        let owner = admit(&routing, &router, &turn(&routing, "q", 1, false), None);
         assert_eq!(owner.route, Route::Hash);
         let moved = admit(
             &routing,
             &router,
-            &mut turn(&routing, "q", 1, false),
+            &turn(&routing, "q", 1, false),
             Some(owner.addr),
         );
         assert_eq!(moved.route, Route::Balance);
         // The next turn, with its first choice idle: where it was moved.
-        let next = admit(&routing, &router, &mut turn(&routing, "q", 2, false), None);
+        let next = admit(&routing, &router, &turn(&routing, "q", 2, false), None);
         assert_eq!((next.addr, next.route), (moved.addr, Route::Balance));
         // Another conversation of the same key: its own first choice.
-        let other = admit(
-            &routing,
-            &router,
-            &mut turn(&routing, "other", 1, false),
-            None,
-        );
+        let other = admit(&routing, &router, &turn(&routing, "other", 1, false), None);
         assert_eq!(other.route, Route::Hash);
     }
 
     #[test]
     fn a_warmup_is_never_moved_and_never_forgets_a_move() {
         let (routing, router) = bounded();
-        let owner = admit(&routing, &router, &mut turn(&routing, "q", 1, false), None).addr;
+        let owner = admit(&routing, &router, &turn(&routing, "q", 1, false), None).addr;
         let warmup = admit(
             &routing,
             &router,
-            &mut turn(&routing, "q", 1, true),
+            &turn(&routing, "q", 1, true),
             Some(owner),
         );
         assert_eq!((warmup.addr, warmup.route), (owner, Route::Hash));
         let moved = admit(
             &routing,
             &router,
-            &mut turn(&routing, "q", 1, false),
+            &turn(&routing, "q", 1, false),
             Some(owner),
         );
         assert_eq!(moved.route, Route::Balance);
         // A warmup of the conversation lands on the first choice, which
         // does not count as the conversation coming back.
-        let warmup = admit(&routing, &router, &mut turn(&routing, "q", 2, true), None);
+        let warmup = admit(&routing, &router, &turn(&routing, "q", 2, true), None);
         assert_eq!((warmup.addr, warmup.route), (owner, Route::Hash));
-        let next = admit(&routing, &router, &mut turn(&routing, "q", 3, false), None);
+        let next = admit(&routing, &router, &turn(&routing, "q", 3, false), None);
         assert_eq!((next.addr, next.route), (moved.addr, Route::Balance));
+    }
+
+    #[test]
+    fn a_stored_response_is_served_by_its_owner_alone() {
+        let (routing, router) = bounded();
+        let t = Instant::now();
+        let stored = |id: &str| {
+            routing
+                .input(None, false, Api::Responses, "{}".into())
+                .with_stored(Some(id.into()))
+        };
+        let idle = |_: &SocketAddr| Status::default();
+        let input = stored("resp_1");
+        let unknown = routing.route(&router, &input, idle, t).err();
+        assert_eq!(unknown, Some(Unroutable::OwnerUnknown("resp_1".into())));
+        let owner = addrs()[2];
+        routing.owner_found("resp_1", owner, t);
+        let plan = routing.route(&router, &input, idle, t).ok().unwrap();
+        let only = [Candidate {
+            addr: owner,
+            route: Route::Owner,
+        }];
+        assert_eq!(plan.candidates, only);
+        // Excluded, or failed this request: never another backend.
+        let excluded = |a: &SocketAddr| Status {
+            excluded: *a == owner,
+            ..Status::default()
+        };
+        let unavailable = Some(Unroutable::OwnerUnavailable {
+            id: "resp_1".into(),
+            owner,
+        });
+        assert_eq!(
+            routing.route(&router, &input, excluded, t).err(),
+            unavailable
+        );
+        let mut tried = stored("resp_1");
+        tried.failed_on(owner);
+        assert_eq!(routing.route(&router, &tried, idle, t).err(), unavailable);
+        // An owner that is not a backend of this model any more.
+        let gone = SocketAddr::from(([127, 0, 0, 2], 9000));
+        routing.owner_found("resp_2", gone, t);
+        let input = stored("resp_2");
+        let left = Some(Unroutable::OwnerUnavailable {
+            id: "resp_2".into(),
+            owner: gone,
+        });
+        assert_eq!(routing.route(&router, &input, idle, t).err(), left);
     }
 }

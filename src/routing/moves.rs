@@ -89,7 +89,7 @@ impl Moves {
             Route::Hash | Route::Prefix => {
                 moved.remove(&conversation);
             }
-            Route::RoundRobin | Route::Fallback | Route::Spill => {}
+            Route::RoundRobin | Route::Fallback | Route::Spill | Route::Owner => {}
         }
         self.any.store(!moved.is_empty(), Ordering::Relaxed);
     }

@@ -98,7 +98,7 @@ pub fn derive(api: Api, body: &[u8], head: Head, prompt_bytes: usize) -> Option<
             }
             xxh3_64(head)
         }
-        Api::Other => return None,
+        _ => return None,
     };
     Some(DerivedKey::new(hash))
 }
@@ -292,7 +292,7 @@ mod tests {
             let tokens = br#"{"prompt":[1,2,3],"model":"m"}"#;
             assert_eq!(derive(Api::Completions, tokens, head, 2048), None);
             let embeddings = br#"{"input":"x"}"#;
-            assert_eq!(derive(Api::Other, embeddings, head, 2048), None);
+            assert_eq!(derive(Api::Engine, embeddings, head, 2048), None);
         }
     }
 

@@ -429,7 +429,7 @@ fn a_conversation_is_known_only_under_bounded_load_and_lasts_across_turns() {
     assert_ne!(of(b"j", &["q"]), first);
     // No head (another endpoint): the key alone.
     assert_eq!(
-        policy.conversation(b"k", Api::Other, b"{}"),
+        policy.conversation(b"k", Api::Engine, b"{}"),
         Some(moves::conversation(b"k", None))
     );
 }
