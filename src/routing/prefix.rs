@@ -31,8 +31,9 @@
 use std::borrow::Cow;
 use std::fmt;
 
-use serde::de::{Deserializer, IgnoredAny, SeqAccess, Visitor};
+use serde::de::{Deserializer, Error as _, IgnoredAny, SeqAccess, Visitor};
 use serde::Deserialize;
+use serde_json::Value;
 use xxhash_rust::xxh3::{xxh3_64, Xxh3Default};
 
 use crate::api::Api;
@@ -78,11 +79,8 @@ pub enum Head {
 pub fn derive(api: Api, body: &[u8], head: Head, prompt_bytes: usize) -> Option<DerivedKey> {
     let hash = match api {
         Api::ChatCompletions => {
-            let chat = serde_json::from_slice::<ChatBody>(body).ok()?.messages?;
-            match head {
-                Head::System => chat.system.or(chat.first_user),
-                Head::FirstUser => chat.first_user,
-            }?
+            let chat = serde_json::from_slice::<ChatBody>(body).ok()?;
+            hash_head(None, chat.messages?.0, head)?
         }
         Api::Completions => {
             let prompt = match serde_json::from_slice::<CompletionBody>(body)
@@ -103,10 +101,44 @@ pub fn derive(api: Api, body: &[u8], head: Head, prompt_bytes: usize) -> Option<
     Some(DerivedKey::new(hash))
 }
 
+/// The hash of `head` of the messages `system` (as a message of role
+/// "system", unless absent or empty) then `list` (through its first user
+/// message); none when there are no messages.
+fn hash_head(system: Option<Value>, list: Vec<Message>, head: Head) -> Option<u64> {
+    let system = system
+        .filter(|s| s.as_str() != Some("") && s.as_array().is_none_or(|a| !a.is_empty()))
+        .map(|content| Message {
+            role: "system".into(),
+            content,
+        });
+    let mut h = Xxh3Default::new();
+    let (mut count, mut before_user) = (0, None);
+    for m in system.iter().chain(&list) {
+        if m.role == "user" && count > 0 {
+            before_user = Some(h.digest());
+        }
+        count += 1;
+        h.update(m.role.as_bytes());
+        h.update(&[0x1f]);
+        match &m.content {
+            Value::String(s) => h.update(s.as_bytes()),
+            Value::Null => {}
+            other => h.update(other.to_string().as_bytes()),
+        }
+        h.update(&[0x1e]);
+    }
+    let through_user = (count > 0).then(|| h.digest())?;
+    Some(match head {
+        Head::FirstUser => through_user,
+        // Nothing before the user message, or no user message: all of it.
+        Head::System => before_user.unwrap_or(through_user),
+    })
+}
+
 #[derive(Deserialize)]
 struct ChatBody {
     #[serde(default)]
-    messages: Option<ChatHead>,
+    messages: Option<HeadList>,
 }
 
 #[derive(Deserialize)]
@@ -122,65 +154,65 @@ enum Prompt<'a> {
     Other(IgnoredAny),
 }
 
-#[derive(Deserialize)]
-struct Message<'a> {
-    #[serde(borrow)]
-    role: Cow<'a, str>,
-    #[serde(default)]
-    content: serde_json::Value,
+/// A head message, as hashed.
+struct Message {
+    role: String,
+    content: Value,
 }
 
-/// The hashes of both heads (none for an empty list); the messages after
-/// the first user message are skipped, not built.
-struct ChatHead {
-    /// The messages before the first user message, if there are any.
-    system: Option<u64>,
-    /// Up to and including the first user message.
-    first_user: Option<u64>,
+impl Message {
+    /// A list item: `{role, content}`, other fields ignored; an item without
+    /// a role (a Responses `function_call`, `reasoning`, ...) has its `type`
+    /// as role and itself as content. None for anything else.
+    fn of_item(item: Value) -> Option<Message> {
+        let Value::Object(mut item) = item else {
+            return None;
+        };
+        match item.remove("role") {
+            Some(Value::String(role)) => Some(Message {
+                role,
+                content: item.remove("content").unwrap_or_default(),
+            }),
+            Some(_) => None,
+            None => Some(Message {
+                role: item.get("type")?.as_str()?.to_owned(),
+                content: Value::Object(item),
+            }),
+        }
+    }
 }
 
-impl<'de> Deserialize<'de> for ChatHead {
+/// A list's messages through the first user message; the items after it
+/// are skipped, not built.
+struct HeadList(Vec<Message>);
+
+impl<'de> Deserialize<'de> for HeadList {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_seq(HeadVisitor)
+        d.deserialize_seq(HeadVisitor).map(HeadList)
     }
 }
 
 struct HeadVisitor;
 
 impl<'de> Visitor<'de> for HeadVisitor {
-    type Value = ChatHead;
+    type Value = Vec<Message>;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("a list of messages")
     }
 
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<ChatHead, A::Error> {
-        let mut h = Xxh3Default::new();
-        let (mut count, mut system) = (0, None);
-        while let Some(m) = seq.next_element::<Message>()? {
-            if m.role == "user" && count > 0 {
-                system = Some(h.digest());
-            }
-            count += 1;
-            h.update(m.role.as_bytes());
-            h.update(&[0x1f]);
-            match &m.content {
-                serde_json::Value::String(s) => h.update(s.as_bytes()),
-                serde_json::Value::Null => {}
-                other => h.update(other.to_string().as_bytes()),
-            }
-            h.update(&[0x1e]);
-            if m.role == "user" {
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<Message>, A::Error> {
+        let mut head = Vec::new();
+        while let Some(item) = seq.next_element::<Value>()? {
+            let m = Message::of_item(item).ok_or_else(|| A::Error::custom("not a message"))?;
+            let user = m.role == "user";
+            head.push(m);
+            if user {
                 break;
             }
         }
         while seq.next_element::<IgnoredAny>()?.is_some() {}
-        let first_user = (count > 0).then(|| h.digest());
-        Ok(ChatHead {
-            // No user message at all: every message is the system part.
-            system: system.or(first_user),
-            first_user,
-        })
+        Ok(head)
     }
 }
 
