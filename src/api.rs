@@ -9,6 +9,10 @@ pub enum Api {
     ChatCompletions,
     /// `POST /v1/completions`.
     Completions,
+    /// `POST /v1/responses` (OpenAI Responses).
+    Responses,
+    /// `POST /v1/messages` (Anthropic Messages).
+    Messages,
     /// Any other `POST /v1/*`: routed by its `model`, nothing more.
     Other,
 }
@@ -19,6 +23,8 @@ impl Api {
         match path {
             "/v1/chat/completions" => Api::ChatCompletions,
             "/v1/completions" => Api::Completions,
+            "/v1/responses" => Api::Responses,
+            "/v1/messages" => Api::Messages,
             _ => Api::Other,
         }
     }

@@ -4,18 +4,35 @@
 //! same body:
 //!
 //! ```text
-//! chat (/v1/chat/completions), the head:
+//! the messages, in order (each a role and a content):
+//!   chat (/v1/chat/completions): `messages`
+//!   Responses (/v1/responses): `instructions` as a "system" message, then
+//!     `input`: a string is one "user" message; a list item is a message
+//!     {role, content} (with or without "type": "message"), or, without a
+//!     role (function_call, function_call_output, reasoning, ...), one whose
+//!     role is its "type" and whose content is the item itself
+//!   Messages (/v1/messages): `system` as a "system" message, then `messages`
+//!   a `system` or `instructions` absent, null, "" or [] is no message
+//! the head:
 //!   prefix: the messages up to and including the first whose role is
 //!           "user" (all of them if none is)
 //!   system: the messages before the first "user" one (system, developer,
 //!           ...); when the first message is a user's, as `prefix`
 //!   h = xxh3_64( for each head message, in order: role ‖ 0x1F ‖ content ‖ 0x1E )   seed 0
-//!   content: a string as is; any other value (a list of parts) as its JSON
-//!   text, keys sorted; absent or null: empty
+//!   content: a string as is; any other value (a list of parts, an item) as
+//!   its JSON text, keys sorted; absent or null: empty
 //! completions (/v1/completions): the first `keyless_prefix_bytes` bytes of a
 //!   string `prompt`: h = xxh3_64(those bytes)
 //! key = h as 16 lowercase hex digits, ranked exactly like a header key
 //! ```
+//!
+//! One function for the three message APIs: a conversation sent through any
+//! of them with the same strings (a system prompt, then user and assistant
+//! texts) derives the same key. Parts are hashed as sent, so bodies that
+//! differ in form key apart: Responses' `input_text` parts against chat's
+//! and Messages' `text` ones, a Messages `system` as blocks against a string.
+//! A Responses turn sent with `previous_response_id` carries only its new
+//! `input`, so it derives that input's key, not its conversation's.
 //!
 //! That head is what stays the same across a conversation's turns. `prefix`
 //! tells conversations apart by their first question, but a warmup that
@@ -66,7 +83,7 @@ impl fmt::Display for DerivedKey {
     }
 }
 
-/// Which messages of a chat form its head.
+/// Which messages form the head.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Head {
     /// Up to and including the first user message.
@@ -81,6 +98,14 @@ pub fn derive(api: Api, body: &[u8], head: Head, prompt_bytes: usize) -> Option<
         Api::ChatCompletions => {
             let chat = serde_json::from_slice::<ChatBody>(body).ok()?;
             hash_head(None, chat.messages?.0, head)?
+        }
+        Api::Responses => {
+            let r = serde_json::from_slice::<ResponsesBody>(body).ok()?;
+            hash_head(r.instructions, r.input?.0, head)?
+        }
+        Api::Messages => {
+            let m = serde_json::from_slice::<MessagesBody>(body).ok()?;
+            hash_head(m.system, m.messages?.0, head)?
         }
         Api::Completions => {
             let prompt = match serde_json::from_slice::<CompletionBody>(body)
@@ -142,6 +167,22 @@ struct ChatBody {
 }
 
 #[derive(Deserialize)]
+struct ResponsesBody {
+    #[serde(default)]
+    instructions: Option<Value>,
+    #[serde(default)]
+    input: Option<Input>,
+}
+
+#[derive(Deserialize)]
+struct MessagesBody {
+    #[serde(default)]
+    system: Option<Value>,
+    #[serde(default)]
+    messages: Option<HeadList>,
+}
+
+#[derive(Deserialize)]
 struct CompletionBody<'a> {
     #[serde(borrow, default)]
     prompt: Option<Prompt<'a>>,
@@ -192,6 +233,15 @@ impl<'de> Deserialize<'de> for HeadList {
     }
 }
 
+/// A Responses `input`: a string, one user message, or a list, as `HeadList`.
+struct Input(Vec<Message>);
+
+impl<'de> Deserialize<'de> for Input {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(HeadVisitor).map(Input)
+    }
+}
+
 struct HeadVisitor;
 
 impl<'de> Visitor<'de> for HeadVisitor {
@@ -199,6 +249,14 @@ impl<'de> Visitor<'de> for HeadVisitor {
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("a list of messages")
+    }
+
+    // Reached only through `Input`: `deserialize_seq` refuses a string.
+    fn visit_str<E>(self, text: &str) -> Result<Vec<Message>, E> {
+        Ok(vec![Message {
+            role: "user".into(),
+            content: Value::String(text.to_owned()),
+        }])
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<Message>, A::Error> {
@@ -344,5 +402,167 @@ mod tests {
         // No system part: as `prefix`.
         let bare = json!([{"role": "user", "content": "hi"}]);
         assert_eq!(system(bare.clone()), chat(bare));
+    }
+
+    fn key(api: Api, head: Head, body: serde_json::Value) -> Option<String> {
+        derive(api, body.to_string().as_bytes(), head, 2048).map(|k| k.to_string())
+    }
+
+    const SYSTEM: &str = "You are helpful. Memory: likes tea.";
+
+    /// Turn `n` of `turn(n)` as a Responses body and as a Messages body.
+    fn turn_in_every_api(n: usize) -> [serde_json::Value; 2] {
+        let list = turn(n).as_array().unwrap()[1..].to_vec();
+        [
+            json!({"model": "m", "instructions": SYSTEM, "input": list}),
+            json!({"model": "m", "system": SYSTEM, "messages": list, "max_tokens": 16}),
+        ]
+    }
+
+    const OTHERS: [Api; 2] = [Api::Responses, Api::Messages];
+
+    #[test]
+    fn a_conversation_has_the_same_key_in_every_api() {
+        for head in [Head::FirstUser, Head::System] {
+            for n in 1..4 {
+                let chat = chat_with(head, turn(n));
+                assert!(chat.is_some());
+                for (api, body) in OTHERS.into_iter().zip(turn_in_every_api(n)) {
+                    assert_eq!(key(api, head, body), chat, "{api:?} {head:?} turn {n}");
+                }
+            }
+            // A string input is one user message.
+            let body = json!({"instructions": SYSTEM, "input": "first question"});
+            assert_eq!(key(Api::Responses, head, body), chat_with(head, turn(1)));
+            // No system part, or an empty one: the user message alone.
+            let bare = chat_with(head, json!([{"role": "user", "content": "hi"}]));
+            for instructions in [json!(null), json!("")] {
+                let body = json!({"instructions": instructions, "input": "hi"});
+                assert_eq!(key(Api::Responses, head, body), bare);
+            }
+            for system in [json!(""), json!([])] {
+                let body =
+                    json!({"system": system, "messages": [{"role": "user", "content": "hi"}]});
+                assert_eq!(key(Api::Messages, head, body), bare);
+            }
+        }
+    }
+
+    #[test]
+    fn responses_and_messages_keep_their_key_across_turns() {
+        let keys = |n| {
+            let bodies = OTHERS.into_iter().zip(turn_in_every_api(n));
+            bodies.map(|(api, body)| key(api, Head::FirstUser, body).unwrap())
+        };
+        let first: Vec<_> = keys(1).collect();
+        for n in 2..6 {
+            assert!(keys(n).eq(first.iter().cloned()));
+        }
+    }
+
+    #[test]
+    fn responses_and_messages_differ_by_first_question_and_system() {
+        let [responses, messages] = turn_in_every_api(3);
+        let base = |api, body: &serde_json::Value| key(api, Head::FirstUser, body.clone());
+        for (api, body, system, list) in [
+            (Api::Responses, responses, "instructions", "input"),
+            (Api::Messages, messages, "system", "messages"),
+        ] {
+            let mut other = body.clone();
+            other[list][0]["content"] = json!("another first question");
+            assert_ne!(base(api, &other), base(api, &body));
+            let mut other = body.clone();
+            other[system] = json!("You are terse.");
+            assert_ne!(base(api, &other), base(api, &body));
+            // The system head: the same without the first question.
+            let warmup = json!({system: body[system], list: []});
+            assert_eq!(
+                key(api, Head::System, warmup),
+                key(api, Head::System, body.clone())
+            );
+        }
+    }
+
+    #[test]
+    fn responses_items_with_or_without_a_role() {
+        let typed = json!({"input": [
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}
+        ]});
+        let untyped =
+            br#"{"input":[{"content":[{"text":"hi","type":"input_text"}],"role":"user"}]}"#;
+        assert_eq!(
+            key(Api::Responses, Head::FirstUser, typed),
+            derive(Api::Responses, untyped, Head::FirstUser, 2048).map(|k| k.to_string())
+        );
+        // An item without a role: its type, then itself, keys sorted.
+        let body = json!({"input": [
+            {"type": "function_call_output", "output": "42", "call_id": "c1"},
+            {"role": "user", "content": "go on"},
+            {"type": "reasoning", "summary": []}
+        ]});
+        let documented = b"function_call_output\x1f{\"call_id\":\"c1\",\"output\":\"42\",\"type\":\"function_call_output\"}\x1e";
+        assert_eq!(
+            key(Api::Responses, Head::System, body.clone()).unwrap(),
+            format!("{:016x}", xxh3_64(documented))
+        );
+        let through_user = [&documented[..], b"user\x1fgo on\x1e"].concat();
+        assert_eq!(
+            key(Api::Responses, Head::FirstUser, body).unwrap(),
+            format!("{:016x}", xxh3_64(&through_user))
+        );
+    }
+
+    #[test]
+    fn pinned_values_of_responses_and_messages() {
+        // If these change, every deployed conversation moves.
+        let derived = |api, body: &str| {
+            let key = derive(api, body.as_bytes(), Head::FirstUser, 2048);
+            key.unwrap().to_string()
+        };
+        let documented = b"system\x1fBe brief.\x1euser\x1fhi\x1e";
+        assert_eq!(format!("{:016x}", xxh3_64(documented)), "91e89f961b137097");
+        for body in [
+            r#"{"model":"m","instructions":"Be brief.","input":[{"role":"user","content":"hi"}]}"#,
+            r#"{"input":[{"content":"hi","role":"user"}],"instructions":"Be brief.","model":"m"}"#,
+            r#"{"model":"m","instructions":"Be brief.","input":"hi"}"#,
+        ] {
+            assert_eq!(derived(Api::Responses, body), "91e89f961b137097");
+        }
+        let documented = b"system\x1f[{\"text\":\"Be brief.\",\"type\":\"text\"}]\x1e\
+                           user\x1f[{\"text\":\"hi\",\"type\":\"text\"}]\x1e";
+        assert_eq!(format!("{:016x}", xxh3_64(documented)), "c5d6f67dc4ec1e7e");
+        for body in [
+            r#"{"model":"m","max_tokens":8,"system":[{"type":"text","text":"Be brief."}],
+                "messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}]}"#,
+            r#"{"messages":[{"content":[{"text":"hi","type":"text"}],"role":"user"}],
+                "system":[{"text":"Be brief.","type":"text"}],"max_tokens":8,"model":"m"}"#,
+        ] {
+            assert_eq!(derived(Api::Messages, body), "c5d6f67dc4ec1e7e");
+        }
+    }
+
+    #[test]
+    fn responses_and_messages_without_a_head_have_no_key() {
+        for head in [Head::FirstUser, Head::System] {
+            for body in [
+                json!({"model": "m"}),
+                json!({"instructions": "x"}),
+                json!({"instructions": "", "input": []}),
+                json!({"input": [{"content": "no role, no type"}]}),
+                json!({"input": 3}),
+            ] {
+                assert_eq!(key(Api::Responses, head, body.clone()), None, "{body}");
+            }
+            for body in [
+                json!({"model": "m", "system": "x"}),
+                json!({"system": "", "messages": []}),
+                json!({"messages": "a string is not a list"}),
+            ] {
+                assert_eq!(key(Api::Messages, head, body.clone()), None, "{body}");
+            }
+            for api in OTHERS {
+                assert_eq!(derive(api, b"not json", head, 2048), None);
+            }
+        }
     }
 }
