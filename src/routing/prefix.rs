@@ -233,7 +233,7 @@ impl<'de> Deserialize<'de> for HeadList {
     }
 }
 
-/// A Responses `input`: a string, one user message, or a list, as `HeadList`.
+/// A Responses `input`: a list, as `HeadList`, or a string: one user message.
 struct Input(Vec<Message>);
 
 impl<'de> Deserialize<'de> for Input {
