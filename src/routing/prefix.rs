@@ -4,18 +4,35 @@
 //! same body:
 //!
 //! ```text
-//! chat (/v1/chat/completions), the head:
+//! the messages, in order (each a role and a content):
+//!   chat (/v1/chat/completions): `messages`
+//!   Responses (/v1/responses): `instructions` as a "system" message, then
+//!     `input`: a string is one "user" message; a list item is a message
+//!     {role, content} (with or without "type": "message"), or, without a
+//!     role (function_call, function_call_output, reasoning, ...), one whose
+//!     role is its "type" and whose content is the item itself
+//!   Messages (/v1/messages): `system` as a "system" message, then `messages`
+//!   a `system` or `instructions` absent, null, "" or [] is no message
+//! the head:
 //!   prefix: the messages up to and including the first whose role is
 //!           "user" (all of them if none is)
 //!   system: the messages before the first "user" one (system, developer,
 //!           ...); when the first message is a user's, as `prefix`
 //!   h = xxh3_64( for each head message, in order: role ‖ 0x1F ‖ content ‖ 0x1E )   seed 0
-//!   content: a string as is; any other value (a list of parts) as its JSON
-//!   text, keys sorted; absent or null: empty
+//!   content: a string as is; any other value (a list of parts, an item) as
+//!   its JSON text, keys sorted; absent or null: empty
 //! completions (/v1/completions): the first `keyless_prefix_bytes` bytes of a
 //!   string `prompt`: h = xxh3_64(those bytes)
 //! key = h as 16 lowercase hex digits, ranked exactly like a header key
 //! ```
+//!
+//! One function for the three message APIs: a conversation sent through any
+//! of them with the same strings (a system prompt, then user and assistant
+//! texts) derives the same key. Parts are hashed as sent, so bodies that
+//! differ in form key apart: Responses' `input_text` parts against chat's
+//! and Messages' `text` ones, a Messages `system` as blocks against a string.
+//! A Responses turn sent with `previous_response_id` carries only its new
+//! `input`, so it derives that input's key, not its conversation's.
 //!
 //! That head is what stays the same across a conversation's turns. `prefix`
 //! tells conversations apart by their first question, but a warmup that
@@ -31,8 +48,9 @@
 use std::borrow::Cow;
 use std::fmt;
 
-use serde::de::{Deserializer, IgnoredAny, SeqAccess, Visitor};
+use serde::de::{Deserializer, Error as _, IgnoredAny, SeqAccess, Visitor};
 use serde::Deserialize;
+use serde_json::Value;
 use xxhash_rust::xxh3::{xxh3_64, Xxh3Default};
 
 use crate::api::Api;
@@ -65,7 +83,7 @@ impl fmt::Display for DerivedKey {
     }
 }
 
-/// Which messages of a chat form its head.
+/// Which messages form the head.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Head {
     /// Up to and including the first user message.
@@ -78,11 +96,16 @@ pub enum Head {
 pub fn derive(api: Api, body: &[u8], head: Head, prompt_bytes: usize) -> Option<DerivedKey> {
     let hash = match api {
         Api::ChatCompletions => {
-            let chat = serde_json::from_slice::<ChatBody>(body).ok()?.messages?;
-            match head {
-                Head::System => chat.system.or(chat.first_user),
-                Head::FirstUser => chat.first_user,
-            }?
+            let chat = serde_json::from_slice::<ChatBody>(body).ok()?;
+            hash_head(None, chat.messages?.0, head)?
+        }
+        Api::Responses => {
+            let r = serde_json::from_slice::<ResponsesBody>(body).ok()?;
+            hash_head(r.instructions, r.input?.0, head)?
+        }
+        Api::Messages => {
+            let m = serde_json::from_slice::<MessagesBody>(body).ok()?;
+            hash_head(m.system, m.messages?.0, head)?
         }
         Api::Completions => {
             let prompt = match serde_json::from_slice::<CompletionBody>(body)
@@ -103,10 +126,60 @@ pub fn derive(api: Api, body: &[u8], head: Head, prompt_bytes: usize) -> Option<
     Some(DerivedKey::new(hash))
 }
 
+/// The hash of `head` of the messages `system` (as a message of role
+/// "system", unless absent or empty) then `list` (through its first user
+/// message); none when there are no messages.
+fn hash_head(system: Option<Value>, list: Vec<Message>, head: Head) -> Option<u64> {
+    let system = system
+        .filter(|s| s.as_str() != Some("") && s.as_array().is_none_or(|a| !a.is_empty()))
+        .map(|content| Message {
+            role: "system".into(),
+            content,
+        });
+    let mut h = Xxh3Default::new();
+    let (mut count, mut before_user) = (0, None);
+    for m in system.iter().chain(&list) {
+        if m.role == "user" && count > 0 {
+            before_user = Some(h.digest());
+        }
+        count += 1;
+        h.update(m.role.as_bytes());
+        h.update(&[0x1f]);
+        match &m.content {
+            Value::String(s) => h.update(s.as_bytes()),
+            Value::Null => {}
+            other => h.update(other.to_string().as_bytes()),
+        }
+        h.update(&[0x1e]);
+    }
+    let through_user = (count > 0).then(|| h.digest())?;
+    Some(match head {
+        Head::FirstUser => through_user,
+        // Nothing before the user message, or no user message: all of it.
+        Head::System => before_user.unwrap_or(through_user),
+    })
+}
+
 #[derive(Deserialize)]
 struct ChatBody {
     #[serde(default)]
-    messages: Option<ChatHead>,
+    messages: Option<HeadList>,
+}
+
+#[derive(Deserialize)]
+struct ResponsesBody {
+    #[serde(default)]
+    instructions: Option<Value>,
+    #[serde(default)]
+    input: Option<Input>,
+}
+
+#[derive(Deserialize)]
+struct MessagesBody {
+    #[serde(default)]
+    system: Option<Value>,
+    #[serde(default)]
+    messages: Option<HeadList>,
 }
 
 #[derive(Deserialize)]
@@ -122,65 +195,82 @@ enum Prompt<'a> {
     Other(IgnoredAny),
 }
 
-#[derive(Deserialize)]
-struct Message<'a> {
-    #[serde(borrow)]
-    role: Cow<'a, str>,
-    #[serde(default)]
-    content: serde_json::Value,
+/// A head message, as hashed.
+struct Message {
+    role: String,
+    content: Value,
 }
 
-/// The hashes of both heads (none for an empty list); the messages after
-/// the first user message are skipped, not built.
-struct ChatHead {
-    /// The messages before the first user message, if there are any.
-    system: Option<u64>,
-    /// Up to and including the first user message.
-    first_user: Option<u64>,
+impl Message {
+    /// A list item: `{role, content}`, other fields ignored; an item without
+    /// a role (a Responses `function_call`, `reasoning`, ...) has its `type`
+    /// as role and itself as content. None for anything else.
+    fn of_item(item: Value) -> Option<Message> {
+        let Value::Object(mut item) = item else {
+            return None;
+        };
+        match item.remove("role") {
+            Some(Value::String(role)) => Some(Message {
+                role,
+                content: item.remove("content").unwrap_or_default(),
+            }),
+            Some(_) => None,
+            None => Some(Message {
+                role: item.get("type")?.as_str()?.to_owned(),
+                content: Value::Object(item),
+            }),
+        }
+    }
 }
 
-impl<'de> Deserialize<'de> for ChatHead {
+/// A list's messages through the first user message; the items after it
+/// are skipped, not built.
+struct HeadList(Vec<Message>);
+
+impl<'de> Deserialize<'de> for HeadList {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_seq(HeadVisitor)
+        d.deserialize_seq(HeadVisitor).map(HeadList)
+    }
+}
+
+/// A Responses `input`: a list, as `HeadList`, or a string: one user message.
+struct Input(Vec<Message>);
+
+impl<'de> Deserialize<'de> for Input {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(HeadVisitor).map(Input)
     }
 }
 
 struct HeadVisitor;
 
 impl<'de> Visitor<'de> for HeadVisitor {
-    type Value = ChatHead;
+    type Value = Vec<Message>;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("a list of messages")
     }
 
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<ChatHead, A::Error> {
-        let mut h = Xxh3Default::new();
-        let (mut count, mut system) = (0, None);
-        while let Some(m) = seq.next_element::<Message>()? {
-            if m.role == "user" && count > 0 {
-                system = Some(h.digest());
-            }
-            count += 1;
-            h.update(m.role.as_bytes());
-            h.update(&[0x1f]);
-            match &m.content {
-                serde_json::Value::String(s) => h.update(s.as_bytes()),
-                serde_json::Value::Null => {}
-                other => h.update(other.to_string().as_bytes()),
-            }
-            h.update(&[0x1e]);
-            if m.role == "user" {
+    // Reached only through `Input`: `deserialize_seq` refuses a string.
+    fn visit_str<E>(self, text: &str) -> Result<Vec<Message>, E> {
+        Ok(vec![Message {
+            role: "user".into(),
+            content: Value::String(text.to_owned()),
+        }])
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<Message>, A::Error> {
+        let mut head = Vec::new();
+        while let Some(item) = seq.next_element::<Value>()? {
+            let m = Message::of_item(item).ok_or_else(|| A::Error::custom("not a message"))?;
+            let user = m.role == "user";
+            head.push(m);
+            if user {
                 break;
             }
         }
         while seq.next_element::<IgnoredAny>()?.is_some() {}
-        let first_user = (count > 0).then(|| h.digest());
-        Ok(ChatHead {
-            // No user message at all: every message is the system part.
-            system: system.or(first_user),
-            first_user,
-        })
+        Ok(head)
     }
 }
 
@@ -312,5 +402,167 @@ mod tests {
         // No system part: as `prefix`.
         let bare = json!([{"role": "user", "content": "hi"}]);
         assert_eq!(system(bare.clone()), chat(bare));
+    }
+
+    fn key(api: Api, head: Head, body: serde_json::Value) -> Option<String> {
+        derive(api, body.to_string().as_bytes(), head, 2048).map(|k| k.to_string())
+    }
+
+    const SYSTEM: &str = "You are helpful. Memory: likes tea.";
+
+    /// Turn `n` of `turn(n)` as a Responses body and as a Messages body.
+    fn turn_in_every_api(n: usize) -> [serde_json::Value; 2] {
+        let list = turn(n).as_array().unwrap()[1..].to_vec();
+        [
+            json!({"model": "m", "instructions": SYSTEM, "input": list}),
+            json!({"model": "m", "system": SYSTEM, "messages": list, "max_tokens": 16}),
+        ]
+    }
+
+    const OTHERS: [Api; 2] = [Api::Responses, Api::Messages];
+
+    #[test]
+    fn a_conversation_has_the_same_key_in_every_api() {
+        for head in [Head::FirstUser, Head::System] {
+            for n in 1..4 {
+                let chat = chat_with(head, turn(n));
+                assert!(chat.is_some());
+                for (api, body) in OTHERS.into_iter().zip(turn_in_every_api(n)) {
+                    assert_eq!(key(api, head, body), chat, "{api:?} {head:?} turn {n}");
+                }
+            }
+            // A string input is one user message.
+            let body = json!({"instructions": SYSTEM, "input": "first question"});
+            assert_eq!(key(Api::Responses, head, body), chat_with(head, turn(1)));
+            // No system part, or an empty one: the user message alone.
+            let bare = chat_with(head, json!([{"role": "user", "content": "hi"}]));
+            for instructions in [json!(null), json!("")] {
+                let body = json!({"instructions": instructions, "input": "hi"});
+                assert_eq!(key(Api::Responses, head, body), bare);
+            }
+            for system in [json!(""), json!([])] {
+                let body =
+                    json!({"system": system, "messages": [{"role": "user", "content": "hi"}]});
+                assert_eq!(key(Api::Messages, head, body), bare);
+            }
+        }
+    }
+
+    #[test]
+    fn responses_and_messages_keep_their_key_across_turns() {
+        let keys = |n| {
+            let bodies = OTHERS.into_iter().zip(turn_in_every_api(n));
+            bodies.map(|(api, body)| key(api, Head::FirstUser, body).unwrap())
+        };
+        let first: Vec<_> = keys(1).collect();
+        for n in 2..6 {
+            assert!(keys(n).eq(first.iter().cloned()));
+        }
+    }
+
+    #[test]
+    fn responses_and_messages_differ_by_first_question_and_system() {
+        let [responses, messages] = turn_in_every_api(3);
+        let base = |api, body: &serde_json::Value| key(api, Head::FirstUser, body.clone());
+        for (api, body, system, list) in [
+            (Api::Responses, responses, "instructions", "input"),
+            (Api::Messages, messages, "system", "messages"),
+        ] {
+            let mut other = body.clone();
+            other[list][0]["content"] = json!("another first question");
+            assert_ne!(base(api, &other), base(api, &body));
+            let mut other = body.clone();
+            other[system] = json!("You are terse.");
+            assert_ne!(base(api, &other), base(api, &body));
+            // The system head: the same without the first question.
+            let warmup = json!({system: body[system], list: []});
+            assert_eq!(
+                key(api, Head::System, warmup),
+                key(api, Head::System, body.clone())
+            );
+        }
+    }
+
+    #[test]
+    fn responses_items_with_or_without_a_role() {
+        let typed = json!({"input": [
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}
+        ]});
+        let untyped =
+            br#"{"input":[{"content":[{"text":"hi","type":"input_text"}],"role":"user"}]}"#;
+        assert_eq!(
+            key(Api::Responses, Head::FirstUser, typed),
+            derive(Api::Responses, untyped, Head::FirstUser, 2048).map(|k| k.to_string())
+        );
+        // An item without a role: its type, then itself, keys sorted.
+        let body = json!({"input": [
+            {"type": "function_call_output", "output": "42", "call_id": "c1"},
+            {"role": "user", "content": "go on"},
+            {"type": "reasoning", "summary": []}
+        ]});
+        let documented = b"function_call_output\x1f{\"call_id\":\"c1\",\"output\":\"42\",\"type\":\"function_call_output\"}\x1e";
+        assert_eq!(
+            key(Api::Responses, Head::System, body.clone()).unwrap(),
+            format!("{:016x}", xxh3_64(documented))
+        );
+        let through_user = [&documented[..], b"user\x1fgo on\x1e"].concat();
+        assert_eq!(
+            key(Api::Responses, Head::FirstUser, body).unwrap(),
+            format!("{:016x}", xxh3_64(&through_user))
+        );
+    }
+
+    #[test]
+    fn pinned_values_of_responses_and_messages() {
+        // If these change, every deployed conversation moves.
+        let derived = |api, body: &str| {
+            let key = derive(api, body.as_bytes(), Head::FirstUser, 2048);
+            key.unwrap().to_string()
+        };
+        let documented = b"system\x1fBe brief.\x1euser\x1fhi\x1e";
+        assert_eq!(format!("{:016x}", xxh3_64(documented)), "91e89f961b137097");
+        for body in [
+            r#"{"model":"m","instructions":"Be brief.","input":[{"role":"user","content":"hi"}]}"#,
+            r#"{"input":[{"content":"hi","role":"user"}],"instructions":"Be brief.","model":"m"}"#,
+            r#"{"model":"m","instructions":"Be brief.","input":"hi"}"#,
+        ] {
+            assert_eq!(derived(Api::Responses, body), "91e89f961b137097");
+        }
+        let documented = b"system\x1f[{\"text\":\"Be brief.\",\"type\":\"text\"}]\x1e\
+                           user\x1f[{\"text\":\"hi\",\"type\":\"text\"}]\x1e";
+        assert_eq!(format!("{:016x}", xxh3_64(documented)), "c5d6f67dc4ec1e7e");
+        for body in [
+            r#"{"model":"m","max_tokens":8,"system":[{"type":"text","text":"Be brief."}],
+                "messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}]}"#,
+            r#"{"messages":[{"content":[{"text":"hi","type":"text"}],"role":"user"}],
+                "system":[{"text":"Be brief.","type":"text"}],"max_tokens":8,"model":"m"}"#,
+        ] {
+            assert_eq!(derived(Api::Messages, body), "c5d6f67dc4ec1e7e");
+        }
+    }
+
+    #[test]
+    fn responses_and_messages_without_a_head_have_no_key() {
+        for head in [Head::FirstUser, Head::System] {
+            for body in [
+                json!({"model": "m"}),
+                json!({"instructions": "x"}),
+                json!({"instructions": "", "input": []}),
+                json!({"input": [{"content": "no role, no type"}]}),
+                json!({"input": 3}),
+            ] {
+                assert_eq!(key(Api::Responses, head, body.clone()), None, "{body}");
+            }
+            for body in [
+                json!({"model": "m", "system": "x"}),
+                json!({"system": "", "messages": []}),
+                json!({"messages": "a string is not a list"}),
+            ] {
+                assert_eq!(key(Api::Messages, head, body.clone()), None, "{body}");
+            }
+            for api in OTHERS {
+                assert_eq!(derive(api, b"not json", head, 2048), None);
+            }
+        }
     }
 }
