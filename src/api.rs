@@ -106,11 +106,6 @@ impl Api {
             _ => BodyFormat::Json,
         }
     }
-
-    /// Errors in Anthropic's shape rather than OpenAI's.
-    pub fn anthropic(path: &str) -> bool {
-        path.starts_with("/v1/messages")
-    }
 }
 
 /// A request about one stored response: `GET /v1/responses/{id}` or
@@ -147,7 +142,6 @@ mod tests {
             assert_eq!(Api::of_post(unknown), None, "{unknown}");
         }
         assert!(!Api::Tokenizer.takes_slot() && Api::Messages.takes_slot());
-        assert!(Api::anthropic("/v1/messages/count_tokens"));
     }
 
     #[test]

@@ -1,5 +1,8 @@
-//! Errors a client sees, each with its HTTP status and an OpenAI-shaped body:
-//! `{"error": {"message", "type", "code"}}`.
+//! Errors a client sees, each with its HTTP status and a body in the shape
+//! its API's SDKs read: OpenAI's `{"error": {"message", "type", "code"}}`,
+//! or on Anthropic's Messages API `{"type": "error", "error": {"type",
+//! "message"}}`, with the statuses Anthropic's SDKs map to their typed
+//! errors (a full queue is 529, `overloaded_error`).
 
 use std::time::Duration;
 
@@ -45,8 +48,34 @@ pub enum ApiError {
     GatewayTimeout,
 }
 
+/// Which API's error shape a client expects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    OpenAi,
+    Anthropic,
+}
+
+impl Shape {
+    /// The shape of the errors of a request to `path`.
+    pub fn of_path(path: &str) -> Self {
+        match path.starts_with("/v1/messages") {
+            true => Shape::Anthropic,
+            false => Shape::OpenAi,
+        }
+    }
+}
+
 impl ApiError {
-    pub fn status(&self) -> u16 {
+    /// The status in `shape`: Anthropic's SDKs know an overloaded server
+    /// by 529.
+    pub fn status(&self, shape: Shape) -> u16 {
+        match (self, shape) {
+            (ApiError::QueueFull { .. } | ApiError::QueueTimeout { .. }, Shape::Anthropic) => 529,
+            _ => self.openai_status(),
+        }
+    }
+
+    fn openai_status(&self) -> u16 {
         match self {
             ApiError::BadRequest(_) => 400,
             ApiError::Unauthorized(_) => 401,
@@ -60,6 +89,23 @@ impl ApiError {
             | ApiError::StoredUnavailable { .. } => 503,
             ApiError::BadGateway(_) => 502,
             ApiError::GatewayTimeout => 504,
+        }
+    }
+
+    /// Anthropic's error `type`.
+    fn anthropic_type(&self) -> &'static str {
+        match self {
+            ApiError::BadRequest(_) => "invalid_request_error",
+            ApiError::Unauthorized(_) => "authentication_error",
+            ApiError::TooLarge { .. } => "request_too_large",
+            ApiError::UnknownModel(_) | ApiError::NotFound { .. } | ApiError::StoredNotFound(_) => {
+                "not_found_error"
+            }
+            ApiError::QueueFull { .. } | ApiError::QueueTimeout { .. } => "overloaded_error",
+            ApiError::GatewayTimeout => "timeout_error",
+            ApiError::NoBackend { .. }
+            | ApiError::StoredUnavailable { .. }
+            | ApiError::BadGateway(_) => "api_error",
         }
     }
 
@@ -96,22 +142,29 @@ impl ApiError {
         }
     }
 
-    /// The JSON body of this error.
-    pub fn body(&self) -> Bytes {
+    /// The JSON body of this error, in `shape`.
+    pub fn body(&self, shape: Shape) -> Bytes {
         if let ApiError::StoredNotFound(body) = self {
             return body.clone();
         }
-        let (kind, code) = self.kind();
-        let v = serde_json::json!({
-            "error": {"message": self.to_string(), "type": kind, "code": code}
-        });
+        let message = self.to_string();
+        let v = match shape {
+            Shape::OpenAi => {
+                let (kind, code) = self.kind();
+                serde_json::json!({"error": {"message": message, "type": kind, "code": code}})
+            }
+            Shape::Anthropic => serde_json::json!({
+                "type": "error",
+                "error": {"type": self.anthropic_type(), "message": message}
+            }),
+        };
         Bytes::from(v.to_string())
     }
 
-    /// The full response: status, headers and body.
-    pub fn response(&self) -> (ResponseHeader, Bytes) {
-        let body = self.body();
-        let mut header = json_header(self.status(), body.len());
+    /// The full response in `shape`: status, headers and body.
+    pub fn response(&self, shape: Shape) -> (ResponseHeader, Bytes) {
+        let body = self.body(shape);
+        let mut header = json_header(self.status(shape), body.len());
         if let Some(secs) = self.retry_after() {
             let _ = header.insert_header("Retry-After", secs.to_string());
         }
@@ -157,16 +210,48 @@ mod tests {
     #[test]
     fn body_is_openai_shaped() {
         let e = ApiError::UnknownModel("x".into());
-        let v: serde_json::Value = serde_json::from_slice(&e.body()).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&e.body(Shape::OpenAi)).unwrap();
         assert_eq!(v["error"]["type"], "invalid_request_error");
         assert_eq!(v["error"]["code"], "model_not_found");
         assert_eq!(v["error"]["message"], "the model `x` does not exist");
-        assert_eq!(e.status(), 404);
+        assert_eq!(e.status(Shape::OpenAi), 404);
+    }
+
+    #[test]
+    fn on_the_messages_api_errors_are_anthropic_shaped() {
+        let shape = Shape::of_path("/v1/messages/count_tokens");
+        assert_eq!(shape, Shape::Anthropic);
+        let full = ApiError::QueueFull { model: "m".into() };
+        let (h, body) = full.response(shape);
+        assert_eq!(h.status.as_u16(), 529);
+        assert_eq!(h.headers["retry-after"], "1");
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"type": "error", "error": {
+                "type": "overloaded_error",
+                "message": "every slot and queue place for model `m` is taken"
+            }})
+        );
+        let typed = |e: ApiError| (e.status(shape), e.anthropic_type());
+        let missing = ApiError::Unauthorized(Reason::Missing);
+        assert_eq!(typed(missing), (401, "authentication_error"));
+        assert_eq!(
+            typed(ApiError::TooLarge { limit: 1 }),
+            (413, "request_too_large")
+        );
+        assert_eq!(
+            typed(ApiError::UnknownModel("x".into())),
+            (404, "not_found_error")
+        );
+        assert_eq!(typed(ApiError::GatewayTimeout), (504, "timeout_error"));
+        assert_eq!(full.status(Shape::OpenAi), 503);
     }
 
     #[test]
     fn proxy_errors_map_to_gateway_errors() {
-        let status = |source, etype| from_proxy_error(&source, &etype).map(|e| e.status());
+        let status =
+            |source, etype| from_proxy_error(&source, &etype).map(|e| e.status(Shape::OpenAi));
         use ErrorSource::*;
         assert_eq!(status(Upstream, ErrorType::ReadTimedout), Some(504));
         assert_eq!(status(Upstream, ErrorType::ConnectTimedout), Some(504));
@@ -191,7 +276,7 @@ mod tests {
         assert_eq!(e(1).retry_after(), Some(1));
         assert_eq!(e(1000).retry_after(), Some(1));
         assert_eq!(e(29_001).retry_after(), Some(30));
-        let (h, _) = e(2500).response();
+        let (h, _) = e(2500).response(Shape::OpenAi);
         assert_eq!(h.headers["retry-after"], "3");
         assert_eq!(h.status, 503);
     }

@@ -51,7 +51,7 @@ use crate::auth::{self, jwt::Verifier, Reason};
 use crate::body;
 use crate::config::{GatewayConfig, JwksSource};
 use crate::discovery::{AtStart, Discovery, Refresh};
-use crate::errors::{self, ApiError};
+use crate::errors::{self, ApiError, Shape};
 use crate::failover::{self, Decision, Failure};
 use crate::metrics;
 use crate::pool::{Members, ModelPool};
@@ -373,7 +373,7 @@ impl Gateway {
         match stop {
             Stop::ClientGone(e) => Err(e),
             Stop::Answer(e) => {
-                let status = e.status();
+                let status = e.status(shape(session));
                 ctx.error = Some(e);
                 Err(Error::explain(
                     ErrorType::HTTPStatus(status),
@@ -438,7 +438,8 @@ impl ProxyHttp for Gateway {
                     .inc();
                 // The reason only: never the credential.
                 debug!(event = "auth_failed", reason = reason.as_str(); "");
-                respond(session, ApiError::Unauthorized(reason).response()).await;
+                let e = ApiError::Unauthorized(reason);
+                respond(session, e.response(shape(session))).await;
                 return Ok(true);
             }
         }
@@ -462,14 +463,14 @@ impl ProxyHttp for Gateway {
                     method: req.method.to_string(),
                     path: req.uri.path().to_string(),
                 };
-                respond(session, e.response()).await;
+                respond(session, e.response(shape(session))).await;
                 return Ok(true);
             }
         };
         match prepared {
             Ok(()) => Ok(false),
             Err(Stop::Answer(e)) => {
-                respond(session, e.response()).await;
+                respond(session, e.response(shape(session))).await;
                 Ok(true)
             }
             Err(Stop::ClientGone(e)) => Err(e),
@@ -665,8 +666,9 @@ impl ProxyHttp for Gateway {
         let code = match api {
             // Nothing can be sent once the response has begun.
             Some(api) if !ctx.response_started() => {
-                respond(session, api.response()).await;
-                api.status()
+                let shape = shape(session);
+                respond(session, api.response(shape)).await;
+                api.status(shape)
             }
             _ => 0,
         };
@@ -692,6 +694,11 @@ impl ProxyHttp for Gateway {
         ctx.release_slot();
         self.record(session, ctx);
     }
+}
+
+/// The error shape the client's API expects.
+fn shape(session: &Session) -> Shape {
+    Shape::of_path(session.req_header().uri.path())
 }
 
 /// Load feedback: hand the backend's report to its admission, and keep it
