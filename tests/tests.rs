@@ -17,6 +17,7 @@ mod load_feedback;
 mod logging;
 mod operations;
 mod reload;
+mod responses;
 mod routing;
 mod streaming;
 mod tls;

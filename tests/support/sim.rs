@@ -1,0 +1,86 @@
+//! vllm-sim instances for tests that need a backend with vLLM's state (the
+//! Responses store, the prefix cache): the binary `cargo test` builds beside
+//! the gateway's, on a free port, killed on drop.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+
+use super::gateway::BIN;
+
+pub struct Sim {
+    pub addr: SocketAddr,
+    child: Child,
+}
+
+fn sim_bin() -> PathBuf {
+    let bin = std::path::Path::new(BIN).with_file_name("vllm-sim");
+    assert!(bin.exists(), "{} is built by `cargo test`", bin.display());
+    bin
+}
+
+impl Sim {
+    /// A sim serving `model`, its delays scaled to nothing, with `args`.
+    pub fn start(model: &str, args: &[&str]) -> Sim {
+        let mut child = Command::new(sim_bin())
+            .args(["--listen", "127.0.0.1:0", "--model", model])
+            .args(["--time-scale", "0"])
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("vllm-sim starts");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let addr = line
+            .trim()
+            .strip_prefix("vllm-sim listening on ")
+            .and_then(|a| a.parse().ok())
+            .unwrap_or_else(|| panic!("vllm-sim's first line: {line:?}"));
+        Sim { addr, child }
+    }
+
+    /// `n` sims serving `model`.
+    pub fn start_n(n: usize, model: &str) -> Vec<Sim> {
+        (0..n).map(|_| Sim::start(model, &[])).collect()
+    }
+
+    /// The sim's own counts (`/sim/stats`).
+    pub async fn stats(&self) -> serde_json::Value {
+        let url = format!("http://{}/sim/stats", self.addr);
+        super::client()
+            .get(url)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
+    /// The value of `name` (all series summed) on the sim's /metrics.
+    pub async fn metric(&self, name: &str) -> f64 {
+        let text = super::client()
+            .get(format!("http://{}/metrics", self.addr))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        text.lines()
+            .filter(|l| l.split([' ', '{']).next() == Some(name))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+}
+
+impl Drop for Sim {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
