@@ -1,3 +1,5 @@
+//! `/v1/chat/completions` and `/v1/completions`.
+
 use super::*;
 
 /// A real vLLM 0.32 stream's last chunks, as sent with include_usage.
