@@ -1,12 +1,13 @@
-//! Prefix-cache accounting (CAG-3 AC6/AC7): for each proxied completion, how
-//! many of its prompt tokens vLLM served from its prefix cache.
+//! Prefix-cache accounting (CAG-3 AC6/AC7): for each proxied request to an
+//! API that reports usage, how many prompt tokens vLLM processed, how many of
+//! them it served from its prefix cache, and how many it generated.
 //!
 //! Sources, per response: the `vllm-num-cached-tokens` header (a patched vLLM
-//! or a sidecar) wins; otherwise `usage.prompt_tokens_details.cached_tokens`
-//! from the JSON body or from the final usage chunk of an SSE stream. Prompt
-//! tokens come from `usage.prompt_tokens`. With no usage at all the cached
-//! count is unknown, not zero.
+//! or a sidecar) wins for cached tokens; otherwise the usage in the JSON body
+//! or in the SSE stream, read as [`Api`] says. With no usage at all a count
+//! is unknown, not zero.
 
+mod api;
 pub mod scanner;
 
 use std::time::Duration;
@@ -14,7 +15,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::HeaderMap;
 
-use scanner::{JsonScanner, SseScanner, Usage};
+pub use api::{Api, Usage};
+use scanner::{JsonScanner, SseScanner};
 
 pub const CACHED_TOKENS_HEADER: &str = "vllm-num-cached-tokens";
 
@@ -28,6 +30,7 @@ enum BodyScan {
 
 /// One response's accounting, fed by the proxy as the response passes.
 pub struct Tracker {
+    api: Api,
     /// The gateway added `include_usage`: remove the usage-only chunk.
     strip: bool,
     header_cached: Option<u64>,
@@ -35,8 +38,11 @@ pub struct Tracker {
 }
 
 impl Tracker {
-    pub fn new(strip: bool) -> Self {
+    /// `strip`: the gateway asked for the stream's usage itself (completions
+    /// only), so the usage-only chunk is not the client's.
+    pub fn new(api: Api, strip: bool) -> Self {
         Tracker {
+            api,
             strip,
             header_cached: None,
             body: BodyScan::None,
@@ -58,10 +64,12 @@ impl Tracker {
             .map(|v| v.as_bytes())
             .unwrap_or_default();
         if content_type.starts_with(b"text/event-stream") {
-            self.body = BodyScan::Sse(SseScanner::new(self.strip));
-            self.strip
+            let scan = SseScanner::new(self.api, self.strip);
+            let strips = scan.strips();
+            self.body = BodyScan::Sse(scan);
+            strips
         } else if content_type.starts_with(b"application/json") {
-            self.body = BodyScan::Json(JsonScanner::default());
+            self.body = BodyScan::Json(JsonScanner::new(self.api));
             false
         } else {
             false
@@ -99,8 +107,8 @@ impl Tracker {
         }
         .unwrap_or_default();
         Usage {
-            prompt_tokens: body.prompt_tokens,
             cached_tokens: self.header_cached.or(body.cached_tokens),
+            ..body
         }
     }
 }
@@ -164,17 +172,25 @@ mod tests {
         h
     }
 
-    const USAGE_JSON: &str = r#"{"choices":[],"usage":{"prompt_tokens":100,"prompt_tokens_details":{"cached_tokens":64}}}"#;
+    const JSON: &str = "application/json";
+    const SSE: &str = "text/event-stream";
+    const USAGE_JSON: &str = r#"{"choices":[],"usage":{"prompt_tokens":100,"completion_tokens":7,"prompt_tokens_details":{"cached_tokens":64}}}"#;
+
+    /// A tracker that saw a 200 of `content_type` and then `body` whole.
+    fn tracked(api: Api, strip: bool, content_type: &str, body: &str) -> (Tracker, Bytes) {
+        let mut t = Tracker::new(api, strip);
+        t.on_header(200, &headers(&[("content-type", content_type)]));
+        let mut chunk = Some(Bytes::from(body.to_owned()));
+        t.on_body(&mut chunk, true);
+        (t, chunk.unwrap())
+    }
 
     #[test]
     fn the_header_wins_over_the_body() {
-        let mut t = Tracker::new(false);
+        let mut t = Tracker::new(Api::Completions, false);
         t.on_header(
             200,
-            &headers(&[
-                ("content-type", "application/json"),
-                (CACHED_TOKENS_HEADER, "80"),
-            ]),
+            &headers(&[("content-type", JSON), (CACHED_TOKENS_HEADER, "80")]),
         );
         let mut body = Some(Bytes::from(USAGE_JSON));
         t.on_body(&mut body, true);
@@ -182,15 +198,16 @@ mod tests {
             t.usage(),
             Usage {
                 prompt_tokens: Some(100),
-                cached_tokens: Some(80)
+                cached_tokens: Some(80),
+                completion_tokens: Some(7),
             }
         );
     }
 
     #[test]
     fn errors_and_unknown_types_are_not_scanned() {
-        let mut t = Tracker::new(true);
-        assert!(!t.on_header(500, &headers(&[("content-type", "application/json")])));
+        let mut t = Tracker::new(Api::Completions, true);
+        assert!(!t.on_header(500, &headers(&[("content-type", JSON)])));
         let mut body = Some(Bytes::from(USAGE_JSON));
         t.on_body(&mut body, true);
         assert_eq!(t.usage(), Usage::default());
@@ -198,10 +215,47 @@ mod tests {
     }
 
     #[test]
+    fn only_a_completions_stream_may_change_length() {
+        for (api, strips) in [
+            (Api::Completions, true),
+            (Api::Responses, false),
+            (Api::Messages, false),
+        ] {
+            let mut t = Tracker::new(api, true);
+            assert_eq!(t.on_header(200, &headers(&[("content-type", SSE)])), strips);
+            let mut t = Tracker::new(api, false);
+            assert!(!t.on_header(200, &headers(&[("content-type", SSE)])));
+        }
+        let (t, out) = tracked(
+            Api::Completions,
+            true,
+            SSE,
+            &format!("data: {USAGE_JSON}\n\n"),
+        );
+        assert!(out.is_empty(), "the usage-only chunk is stripped");
+        assert_eq!(t.usage().prompt_tokens, Some(100));
+    }
+
+    #[test]
+    fn each_path_speaks_its_api() {
+        assert_eq!(
+            Api::for_path("/v1/chat/completions"),
+            Some(Api::Completions)
+        );
+        assert_eq!(Api::for_path("/v1/completions"), Some(Api::Completions));
+        assert_eq!(Api::for_path("/v1/responses"), Some(Api::Responses));
+        assert_eq!(Api::for_path("/v1/messages"), Some(Api::Messages));
+        assert_eq!(Api::for_path("/v1/responses/resp_1"), None);
+        assert_eq!(Api::for_path("/v1/messages/count_tokens"), None);
+        assert_eq!(Api::for_path("/v1/embeddings"), None);
+    }
+
+    #[test]
     fn hit_rate_rules() {
         let u = |p, c| Usage {
             prompt_tokens: p,
             cached_tokens: c,
+            completion_tokens: None,
         };
         assert_eq!(hit_rate(u(Some(200), Some(50))), Some(0.25));
         assert_eq!(hit_rate(u(Some(0), Some(0))), Some(0.0));

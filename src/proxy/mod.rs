@@ -39,7 +39,7 @@ use pingora::prelude::*;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::ErrorType;
 
-use crate::accounting::Tracker;
+use crate::accounting::{Api, Tracker};
 use crate::admission::Permit;
 use crate::auth::{self, jwt::Verifier, Reason};
 use crate::body;
@@ -273,7 +273,7 @@ impl Gateway {
         let add_usage =
             completion && self.config.stream_usage && facts.stream && !facts.stream_options;
         if completion {
-            ctx.tracker = Some(Tracker::new(add_usage));
+            ctx.tracker = Some(Tracker::new(Api::Completions, add_usage));
         }
         ctx.body = Some(if add_usage {
             body::with_stream_usage(&raw).into()
