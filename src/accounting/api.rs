@@ -1,8 +1,8 @@
 //! The agent APIs vLLM serves, and how each reports one request's tokens:
 //! which usage fields make the prompt vLLM processed (its counter
 //! `vllm:prompt_tokens_total`), the part of it served from the prefix cache
-//! (`vllm:prefix_cache_hits_total`), and the output; and where a stream
-//! carries them.
+//! (`vllm:prefix_cache_hits_total`), and the output; where a stream carries
+//! them; and, for the Responses API, where the response's id is.
 //!
 //! - [`Api::Completions`] reads `usage.prompt_tokens`,
 //!   `usage.prompt_tokens_details.cached_tokens` (only with
@@ -14,14 +14,15 @@
 //!   the output; over a tool loop vLLM sums every engine call, as its counters
 //!   do. A stream reports usage only in `response.completed`
 //!   (`data.response.usage`; `response.created` and `response.in_progress`
-//!   send `null`).
+//!   send `null`). The id is the body's `id` and the stream's
+//!   `data.response.id`, first sent in `response.created`.
 //!   Checked in `vllm/entrypoints/openai/responses/serving.py`
 //!   (`responses_full_generator` builds `ResponseUsage` from
 //!   `num_prompt_tokens` and `num_cached_tokens`, cached tokens reported with
 //!   or without `--enable-prompt-tokens-details`; `responses_stream_generator`
 //!   opens with `response.created`, `usage=None`, and closes with
 //!   `response.completed` whatever the status), `.../responses/protocol.py`
-//!   (`ResponsesResponse`: `usage` after `output`) and
+//!   (`ResponsesResponse`: `id` first, `usage` after `output`) and
 //!   `.../responses/api_router.py` (`event: <type>` then `data: <json>`).
 //! - [`Api::Messages`] (Anthropic) reads `input_tokens` as Anthropic means
 //!   it: the prompt tokens neither read from nor written to the cache. The
@@ -105,15 +106,17 @@ struct Details {
 #[derive(Default)]
 pub(crate) struct EventFacts {
     pub usage: Option<Usage>,
+    pub response_id: Option<Box<str>>,
     /// A completions chunk with usage and no choices: the one the gateway
     /// asked for and may strip.
     pub usage_only: bool,
 }
 
-/// An object holding the usage one level down: Messages' `message_start`,
-/// every Responses `response.*` event.
+/// An object holding the usage (and id) one level down: Messages'
+/// `message_start`, every Responses `response.*` event.
 #[derive(Deserialize)]
 struct Inner {
+    id: Option<Box<str>>,
     usage: Option<WireUsage>,
 }
 
@@ -183,12 +186,14 @@ impl Api {
                 Ok(e) => EventFacts {
                     usage_only: e.usage.is_some() && e.choices.is_some_and(|c| c.is_empty()),
                     usage: usage(e.usage),
+                    response_id: None,
                 },
                 Err(_) => EventFacts::default(),
             },
             Api::Responses => match serde_json::from_slice::<ResponsesEvent>(data) {
                 Ok(ResponsesEvent { response: Some(r) }) => EventFacts {
                     usage: usage(r.usage),
+                    response_id: r.id,
                     usage_only: false,
                 },
                 _ => EventFacts::default(),

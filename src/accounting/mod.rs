@@ -1,6 +1,8 @@
 //! Prefix-cache accounting (CAG-3 AC6/AC7): for each proxied request to an
 //! API that reports usage, how many prompt tokens vLLM processed, how many of
-//! them it served from its prefix cache, and how many it generated.
+//! them it served from its prefix cache, and how many it generated; and, for
+//! the Responses API, the response's id (the next turn names it in
+//! `previous_response_id`, so it is routed to the backend that stored it).
 //!
 //! Sources, per response: the `vllm-num-cached-tokens` header (a patched vLLM
 //! or a sidecar) wins for cached tokens; otherwise the usage in the JSON body
@@ -109,6 +111,17 @@ impl Tracker {
         Usage {
             cached_tokens: self.header_cached.or(body.cached_tokens),
             ..body
+        }
+    }
+
+    /// The Responses API's response id, from the moment the body gave it
+    /// (the first bytes of a JSON body, the first event of a stream); ids
+    /// over [`scanner::MAX_ID_BYTES`] are ignored.
+    pub fn response_id(&self) -> Option<&str> {
+        match &self.body {
+            BodyScan::None => None,
+            BodyScan::Json(scan) => scan.response_id(),
+            BodyScan::Sse(scan) => scan.response_id(),
         }
     }
 }
@@ -234,6 +247,27 @@ mod tests {
         );
         assert!(out.is_empty(), "the usage-only chunk is stripped");
         assert_eq!(t.usage().prompt_tokens, Some(100));
+    }
+
+    #[test]
+    fn the_response_id_comes_from_a_responses_body_or_stream() {
+        let body = r#"{"id":"resp_1","object":"response","output":[{"id":"msg_2"}],"usage":{"input_tokens":5,"input_tokens_details":{"cached_tokens":0},"output_tokens":1}}"#;
+        let (t, _) = tracked(Api::Responses, false, JSON, body);
+        assert_eq!(t.response_id(), Some("resp_1"));
+        assert_eq!(
+            t.usage(),
+            Usage {
+                prompt_tokens: Some(5),
+                cached_tokens: Some(0),
+                completion_tokens: Some(1),
+            }
+        );
+        let stream = "event: response.created\ndata: {\"response\":{\"id\":\"resp_3\",\"usage\":null},\"type\":\"response.created\"}\n\n";
+        let (t, _) = tracked(Api::Responses, true, SSE, stream);
+        assert_eq!(t.response_id(), Some("resp_3"));
+        // Other APIs' ids are not response ids.
+        let (t, _) = tracked(Api::Completions, false, JSON, r#"{"id":"chatcmpl-4"}"#);
+        assert_eq!(t.response_id(), None);
     }
 
     #[test]

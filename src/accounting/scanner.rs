@@ -1,21 +1,26 @@
-//! Bounded scanners that find a response's usage in its body as it streams
-//! past, without holding the response. Which fields mean what is [`Api`]'s business; this module only
+//! Bounded scanners that find a response's usage (and a Responses API
+//! response's id) in its body as it streams past, without holding the
+//! response. Which fields mean what is [`Api`]'s business; this module only
 //! finds them.
 //!
 //! - JSON (non-streamed): every API writes `usage` as a top-level member
 //!   near the end. The scanner keeps only the last [`TAIL_BYTES`] and, at the
 //!   end, parses the last `"usage"` object in them. A key cannot occur
-//!   inside a JSON string unescaped, so the match is a real key.
+//!   inside a JSON string unescaped, so the match is a real key. A Responses
+//!   body opens with its id (`{"id":"resp_…"`): only that first member is
+//!   read, so the ids of output items and `"id"` inside strings never match.
 //! - SSE: events are split at blank lines (at any byte boundary across
 //!   chunks). Each event whose data mentions `"usage"` is parsed, and each
-//!   report overrides the fields it carries. With `strip`
+//!   report overrides the fields it carries; for Responses the first event
+//!   with data (`response.created`) is parsed too, for the id. With `strip`
 //!   on (completions, when the gateway asked for the usage itself), the
 //!   usage-only chunk is removed from what the client receives and every
 //!   other byte passes unchanged.
 //! - An event that would have to be held across chunks beyond
 //!   [`MAX_EVENT_BYTES`] is passed on as it arrives; its last [`TAIL_BYTES`]
 //!   are searched for usage like a JSON body (a Responses
-//!   `response.completed` repeats the whole output before its usage).
+//!   `response.completed` repeats the whole output before its usage). Its id
+//!   is not read.
 
 use std::sync::LazyLock;
 
@@ -30,6 +35,11 @@ pub const TAIL_BYTES: usize = 64 * 1024;
 /// An SSE event held across chunks beyond this is passed on as it arrives
 /// (never stripped).
 pub const MAX_EVENT_BYTES: usize = 256 * 1024;
+/// A longer response id is ignored rather than kept.
+pub const MAX_ID_BYTES: usize = 256;
+/// The first bytes of a JSON body held until its leading id is complete:
+/// room for an id of [`MAX_ID_BYTES`] with some escapes.
+const HEAD_BYTES: usize = 1024;
 
 /// Searchers built once: building one per search would cost more than the
 /// search itself on small events.
@@ -53,6 +63,35 @@ fn last_usage(bytes: &[u8]) -> Option<WireUsage> {
     values.next()?.ok()
 }
 
+/// What the first bytes of a JSON body say about its leading id.
+enum Lead {
+    /// Not decided yet.
+    More,
+    Id(Box<str>),
+    /// The body does not open with an id (or one too long).
+    Absent,
+}
+
+/// The id a JSON body opens with, as `{"id":"…"`.
+fn leading_id(head: &[u8]) -> Lead {
+    let mut rest = head;
+    for token in [&b"{"[..], b"\"id\"", b":"] {
+        rest = rest.trim_ascii_start();
+        match rest.strip_prefix(token) {
+            Some(after) => rest = after,
+            None if token.starts_with(rest) => return Lead::More,
+            None => return Lead::Absent,
+        }
+    }
+    let mut value = serde_json::Deserializer::from_slice(rest).into_iter::<Box<str>>();
+    match value.next() {
+        Some(Ok(id)) if id.len() <= MAX_ID_BYTES => Lead::Id(id),
+        None => Lead::More,
+        Some(Err(e)) if e.is_eof() => Lead::More,
+        _ => Lead::Absent,
+    }
+}
+
 /// The last [`TAIL_BYTES`] of the bytes pushed into it.
 #[derive(Default)]
 struct Tail(Vec<u8>);
@@ -70,10 +109,13 @@ impl Tail {
     }
 }
 
-/// The tail of a non-streamed JSON body.
+/// A non-streamed JSON body: its tail, and for Responses its head.
 pub struct JsonScanner {
     api: Api,
     tail: Tail,
+    /// The first bytes, while the leading id is undecided (Responses only).
+    head: Option<Vec<u8>>,
+    response_id: Option<Box<str>>,
 }
 
 impl JsonScanner {
@@ -81,15 +123,34 @@ impl JsonScanner {
         JsonScanner {
             api,
             tail: Tail::default(),
+            head: (api == Api::Responses).then(Vec::new),
+            response_id: None,
         }
     }
 
     pub fn feed(&mut self, chunk: &[u8]) {
+        if let Some(head) = &mut self.head {
+            let room = HEAD_BYTES - head.len();
+            head.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            match leading_id(head) {
+                Lead::More if head.len() < HEAD_BYTES => {}
+                Lead::Id(id) => {
+                    self.response_id = Some(id);
+                    self.head = None;
+                }
+                _ => self.head = None,
+            }
+        }
         self.tail.push(chunk);
     }
 
     pub fn finish(&self) -> Option<Usage> {
         last_usage(&self.tail.0).map(|u| self.api.usage(u))
+    }
+
+    /// The response's id, as soon as the body's first bytes gave it.
+    pub fn response_id(&self) -> Option<&str> {
+        self.response_id.as_deref()
     }
 }
 
@@ -101,7 +162,11 @@ pub struct SseScanner {
     pending: BytesMut,
     /// Inside an event that outgrew [`MAX_EVENT_BYTES`]: its last bytes.
     oversized: Option<Tail>,
+    /// The next event with data is read whatever it holds (Responses: it is
+    /// `response.created`, which has the id).
+    id_pending: bool,
     usage: Option<Usage>,
+    response_id: Option<Box<str>>,
 }
 
 impl SseScanner {
@@ -113,7 +178,9 @@ impl SseScanner {
             strip: strip && api == Api::Completions,
             pending: BytesMut::new(),
             oversized: None,
+            id_pending: api == Api::Responses,
             usage: None,
+            response_id: None,
         }
     }
 
@@ -126,6 +193,11 @@ impl SseScanner {
         self.usage
     }
 
+    /// The response's id, as soon as the event carrying it has passed.
+    pub fn response_id(&self) -> Option<&str> {
+        self.response_id.as_deref()
+    }
+
     /// Feed one chunk; returns what the client should receive for it. Without
     /// `strip` that is the chunk itself.
     pub fn feed(&mut self, chunk: Bytes) -> Bytes {
@@ -134,6 +206,7 @@ impl SseScanner {
         let plain = self.pending.is_empty()
             && self.oversized.is_none()
             && chunk.ends_with(b"\n\n")
+            && !self.id_pending
             && USAGE.find(&chunk).is_none();
         if plain {
             return chunk;
@@ -222,12 +295,15 @@ impl SseScanner {
         let Some(data) = data_of(event) else {
             return false;
         };
-        if USAGE.find(data).is_none() {
+        if !std::mem::take(&mut self.id_pending) && USAGE.find(data).is_none() {
             return false;
         }
         let facts = self.api.read_event(data);
         if let Some(u) = facts.usage {
             self.note(u);
+        }
+        if self.response_id.is_none() {
+            self.response_id = facts.response_id.filter(|id| id.len() <= MAX_ID_BYTES);
         }
         self.strip && facts.usage_only
     }

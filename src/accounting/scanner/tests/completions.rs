@@ -37,6 +37,7 @@ fn sse_usage_is_found_at_every_split_point() {
         let (out, s) = run_sse(API, body.as_bytes(), at, false);
         assert_eq!(s.usage(), Some(EXPECTED), "split at {at}");
         assert_eq!(out, body.as_bytes(), "passthrough changed bytes at {at}");
+        assert_eq!(s.response_id(), None);
     }
 }
 
@@ -126,6 +127,7 @@ fn json_usage_is_found_at_every_split_point() {
             Some(usage(Some(651), Some(512), Some(16))),
             "split at {at}"
         );
+        assert_eq!(s.response_id(), None, "not read for completions");
     }
 }
 

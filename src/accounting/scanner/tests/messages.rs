@@ -66,6 +66,7 @@ fn json_first_and_cached_turns_count_the_whole_prompt() {
         for at in 0..=body.len() {
             let s = run_json(API, body.as_bytes(), at);
             assert_eq!(s.finish(), Some(want), "{u} split at {at}");
+            assert_eq!(s.response_id(), None);
         }
     }
 }

@@ -1,4 +1,5 @@
-//! `/v1/responses`: usage in the body and in `response.completed`.
+//! `/v1/responses`: usage in the body and in `response.completed`; the id
+//! in the body's first member and in `response.created`.
 
 use super::*;
 
@@ -62,31 +63,97 @@ fn stream(completed_text: Option<&str>) -> String {
 }
 
 #[test]
-fn json_usage_at_every_split_point() {
+fn json_usage_and_id_at_every_split_point() {
     let body = response("completed", &output_item("Hello"), USAGE);
+    let id_end = body.find(ID).unwrap() + ID.len() + 1;
     for at in 0..=body.len() {
-        let s = run_json(API, body.as_bytes(), at);
+        let mut s = JsonScanner::new(API);
+        s.feed(&body.as_bytes()[..at]);
+        // Known as soon as its closing quote has passed.
+        assert_eq!(s.response_id().is_some(), at >= id_end, "split at {at}");
+        s.feed(&body.as_bytes()[at..]);
+        assert_eq!(s.response_id(), Some(ID), "split at {at}");
         assert_eq!(s.finish(), Some(EXPECTED), "split at {at}");
     }
 }
 
 #[test]
-fn stream_usage_at_every_split_point() {
-    let body = stream(Some("Hello"));
-    for at in 0..=body.len() {
-        for strip in [false, true] {
-            let (out, s) = run_sse(API, body.as_bytes(), at, strip);
-            assert!(!s.strips(), "nothing to strip in a Responses stream");
-            assert_eq!(out, body.as_bytes(), "bytes unchanged, split at {at}");
-            assert_eq!(s.usage(), Some(EXPECTED), "split at {at}");
+fn only_the_leading_id_of_a_body_counts() {
+    let id = |body: &str| {
+        run_json(API, body.as_bytes(), 0)
+            .response_id()
+            .map(str::to_owned)
+    };
+    // Pretty-printed, and with escapes.
+    assert_eq!(
+        id("\n{\n  \"id\" : \"resp_1\",\n  \"output\": []}"),
+        Some("resp_1".into())
+    );
+    assert_eq!(id(r#"{"id":"resp_\u0031"}"#), Some("resp_1".into()));
+    // Ids of output items, in strings, or nested: not the response's.
+    assert_eq!(
+        id(r#"{"object":"response","output":[{"id":"msg_1"}],"id":"resp_2"}"#),
+        None
+    );
+    assert_eq!(
+        id(r#"{"instructions":"{\"id\":\"resp_3\"}","id":"resp_4"}"#),
+        None
+    );
+    assert_eq!(id(r#"{"response":{"id":"resp_5"}}"#), None);
+    assert_eq!(id(r#"[{"id":"resp_6"}]"#), None);
+    assert_eq!(id(r#"{"idx":"resp_7"}"#), None);
+    assert_eq!(id(r#"{"id":7}"#), None);
+    // Bounded: an id over MAX_ID_BYTES is ignored, however it is cut.
+    let at_bound = "r".repeat(MAX_ID_BYTES);
+    assert_eq!(
+        id(&format!(r#"{{"id":"{at_bound}"}}"#)),
+        Some(at_bound.clone())
+    );
+    let long = format!(
+        r#"{{"id":"{}","usage":null}}"#,
+        "r".repeat(MAX_ID_BYTES + 1)
+    );
+    let huge = format!(r#"{{"id":"{}","usage":null}}"#, "r".repeat(4 * HEAD_BYTES));
+    for body in [long, huge] {
+        for at in 0..=body.len() {
+            let s = run_json(API, body.as_bytes(), at);
+            assert_eq!(s.response_id(), None, "split at {at}");
+            assert!(s.head.is_none(), "head released");
         }
     }
 }
 
 #[test]
-fn a_stream_cut_before_completion_has_no_usage() {
+fn stream_usage_and_id_at_every_split_point() {
+    let body = stream(Some("Hello"));
+    let created_end = body.find("\n\n").unwrap() + 2;
+    for at in 0..=body.len() {
+        for strip in [false, true] {
+            let mut s = SseScanner::new(API, strip);
+            let mut out = s
+                .feed(Bytes::copy_from_slice(&body.as_bytes()[..at]))
+                .to_vec();
+            // Known as soon as `response.created` is complete.
+            assert_eq!(
+                s.response_id().is_some(),
+                at >= created_end,
+                "split at {at}"
+            );
+            out.extend_from_slice(&s.feed(Bytes::copy_from_slice(&body.as_bytes()[at..])));
+            out.extend_from_slice(&s.finish());
+            assert!(!s.strips(), "nothing to strip in a Responses stream");
+            assert_eq!(out, body.as_bytes(), "bytes unchanged, split at {at}");
+            assert_eq!(s.usage(), Some(EXPECTED), "split at {at}");
+            assert_eq!(s.response_id(), Some(ID), "split at {at}");
+        }
+    }
+}
+
+#[test]
+fn a_stream_cut_before_completion_has_an_id_but_no_usage() {
     let (_, s) = feed_sse(API, false, stream(None).as_bytes().chunks(1));
     assert_eq!(s.usage(), None);
+    assert_eq!(s.response_id(), Some(ID));
 }
 
 #[test]
@@ -98,6 +165,16 @@ fn openai_order_without_event_lines() {
         response("in_progress", "", "null")
     );
     let (_, s) = run_sse(API, body.as_bytes(), 0, false);
+    assert_eq!(s.usage(), Some(EXPECTED));
+    assert_eq!(s.response_id(), Some(ID));
+}
+
+#[test]
+fn an_overlong_id_in_the_stream_is_ignored() {
+    let long = "r".repeat(MAX_ID_BYTES + 1);
+    let body = stream(Some("x")).replace(ID, &long);
+    let (_, s) = run_sse(API, body.as_bytes(), 100, false);
+    assert_eq!(s.response_id(), None);
     assert_eq!(s.usage(), Some(EXPECTED));
 }
 
@@ -111,6 +188,7 @@ fn a_huge_completed_event_still_gives_its_usage() {
         let (out, s) = feed_sse(API, false, body.as_bytes().chunks(piece));
         assert!(out == body.as_bytes(), "piece {piece}");
         assert_eq!(s.usage(), Some(EXPECTED), "piece {piece}");
+        assert_eq!(s.response_id(), Some(ID), "piece {piece}");
     }
 }
 
@@ -119,7 +197,8 @@ fn usage_missing_or_null() {
     let body = response("completed", &output_item("x"), "null");
     let s = run_json(API, body.as_bytes(), 9);
     assert_eq!(s.finish(), None);
+    assert_eq!(s.response_id(), Some(ID));
     let error = br#"{"error":{"message":"boom","type":"BadRequestError","code":400}}"#;
     let s = run_json(API, error, 3);
-    assert_eq!(s.finish(), None);
+    assert_eq!((s.finish(), s.response_id()), (None, None));
 }
