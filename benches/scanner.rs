@@ -6,6 +6,7 @@
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use poimen_gateway::accounting::scanner::{JsonScanner, SseScanner};
+use poimen_gateway::accounting::Dialect;
 
 /// A vLLM-like stream: `n` token chunks, the usage chunk, [DONE]; as the
 /// chunks a backend would send (one event each).
@@ -56,7 +57,7 @@ fn bench(c: &mut Criterion) {
     for (name, strip) in [("sse-scan", false), ("sse-strip", true)] {
         g.bench_with_input(BenchmarkId::new(name, "sse"), &sse, |b, chunks| {
             b.iter(|| {
-                let mut s = SseScanner::new(strip);
+                let mut s = SseScanner::new(Dialect::Completions, strip);
                 for c in chunks {
                     criterion::black_box(s.feed(c.clone()));
                 }
@@ -67,7 +68,7 @@ fn bench(c: &mut Criterion) {
     g.throughput(Throughput::Bytes(bytes(&json)));
     g.bench_with_input(BenchmarkId::new("json-tail", "json"), &json, |b, chunks| {
         b.iter(|| {
-            let mut s = JsonScanner::default();
+            let mut s = JsonScanner::new(Dialect::Completions);
             for c in chunks {
                 s.feed(c);
             }

@@ -4,6 +4,8 @@
 //! whether it takes a sequence slot and how its usage is read. A path not
 //! listed here is not proxied (404).
 
+use crate::accounting::Dialect;
+
 /// A proxied POST's API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Api {
@@ -87,12 +89,14 @@ impl Api {
         matches!(self, Api::ChatCompletions | Api::Completions)
     }
 
-    /// Whether its responses report prompt-cache usage the gateway reads.
-    pub fn is_accounted(self) -> bool {
-        matches!(
-            self,
-            Api::ChatCompletions | Api::Completions | Api::Responses | Api::Messages
-        )
+    /// How its responses report usage, when the gateway reads it.
+    pub fn dialect(self) -> Option<Dialect> {
+        match self {
+            Api::ChatCompletions | Api::Completions => Some(Dialect::Completions),
+            Api::Responses => Some(Dialect::Responses),
+            Api::Messages => Some(Dialect::Messages),
+            _ => None,
+        }
     }
 
     /// Whether it runs on the engine, and so waits for a sequence slot.
@@ -142,6 +146,8 @@ mod tests {
             assert_eq!(Api::of_post(unknown), None, "{unknown}");
         }
         assert!(!Api::Tokenizer.takes_slot() && Api::Messages.takes_slot());
+        assert_eq!(Api::Messages.dialect(), Some(Dialect::Messages));
+        assert_eq!(Api::Tokenizer.dialect(), None);
     }
 
     #[test]

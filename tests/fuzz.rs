@@ -6,7 +6,8 @@
 //! `PROPTEST_CASES=200000 cargo test --release --test integration fuzz`.
 
 use bytes::Bytes;
-use poimen_gateway::accounting::scanner::{JsonScanner, SseScanner, Usage};
+use poimen_gateway::accounting::scanner::{JsonScanner, SseScanner};
+use poimen_gateway::accounting::{Dialect, Usage};
 use poimen_gateway::body::{inspect, with_stream_usage};
 use poimen_gateway::config::GatewayConfig;
 use proptest::prelude::*;
@@ -90,18 +91,20 @@ proptest! {
         bytes in proptest::collection::vec(any::<u8>(), 0..2000),
         cuts in proptest::collection::vec(any::<usize>(), 0..8),
     ) {
-        let mut sse = SseScanner::new(false);
-        let mut json = JsonScanner::default();
-        let mut out = Vec::new();
-        for piece in pieces(&bytes, cuts.clone()) {
-            json.feed(&piece);
-            out.extend_from_slice(&sse.feed(piece));
+        for api in [Dialect::Completions, Dialect::Responses, Dialect::Messages] {
+            let mut sse = SseScanner::new(api, false);
+            let mut json = JsonScanner::new(api);
+            let mut out = Vec::new();
+            for piece in pieces(&bytes, cuts.clone()) {
+                json.feed(&piece);
+                out.extend_from_slice(&sse.feed(piece));
+            }
+            out.extend_from_slice(&sse.finish());
+            prop_assert_eq!(out, bytes.clone());
+            let _ = json.finish();
         }
-        out.extend_from_slice(&sse.finish());
-        prop_assert_eq!(out, bytes.clone());
-        let _ = json.finish();
         // Stripping may drop a usage-only event, never add or reorder bytes.
-        let mut strip = SseScanner::new(true);
+        let mut strip = SseScanner::new(Dialect::Completions, true);
         let mut out = Vec::new();
         for piece in pieces(&bytes, cuts) {
             out.extend_from_slice(&strip.feed(piece));
@@ -120,13 +123,13 @@ proptest! {
         let mut with_usage = events.clone();
         with_usage.insert(at.index(events.len() + 1), USAGE_EVENT.to_string());
         let stream = with_usage.concat() + "data: [DONE]\n\n";
-        let mut s = SseScanner::new(true);
+        let mut s = SseScanner::new(Dialect::Completions, true);
         let mut out = Vec::new();
         for piece in pieces(stream.as_bytes(), cuts) {
             out.extend_from_slice(&s.feed(piece));
         }
         out.extend_from_slice(&s.finish());
         prop_assert_eq!(String::from_utf8(out).unwrap(), plain);
-        prop_assert_eq!(s.usage(), Some(Usage { prompt_tokens: Some(70), cached_tokens: Some(32) }));
+        prop_assert_eq!(s.usage(), Some(Usage { prompt_tokens: Some(70), cached_tokens: Some(32), completion_tokens: None }));
     }
 }

@@ -1,12 +1,15 @@
-//! Prefix-cache accounting: for each proxied completion, how
-//! many of its prompt tokens vLLM served from its prefix cache.
+//! Prefix-cache accounting: for each proxied request to an
+//! API that reports usage, how many prompt tokens vLLM processed, how many of
+//! them it served from its prefix cache, and how many it generated; and, for
+//! the Responses API, the response's id (the next turn names it in
+//! `previous_response_id`, so it is routed to the backend that stored it).
 //!
 //! Sources, per response: the `vllm-num-cached-tokens` header (a patched vLLM
-//! or a sidecar) wins; otherwise `usage.prompt_tokens_details.cached_tokens`
-//! from the JSON body or from the final usage chunk of an SSE stream. Prompt
-//! tokens come from `usage.prompt_tokens`. With no usage at all the cached
-//! count is unknown, not zero.
+//! or a sidecar) wins for cached tokens; otherwise the usage in the JSON body
+//! or in the SSE stream, read as [`Dialect`] says. With no usage at all a count
+//! is unknown, not zero.
 
+mod dialect;
 pub mod scanner;
 
 use std::time::Duration;
@@ -14,7 +17,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::HeaderMap;
 
-use scanner::{JsonScanner, SseScanner, Usage};
+pub use dialect::{Dialect, Usage};
+use scanner::{JsonScanner, SseScanner};
 
 pub const CACHED_TOKENS_HEADER: &str = "vllm-num-cached-tokens";
 
@@ -28,6 +32,7 @@ enum BodyScan {
 
 /// One response's accounting, fed by the proxy as the response passes.
 pub struct Tracker {
+    api: Dialect,
     /// The gateway added `include_usage`: remove the usage-only chunk.
     strip: bool,
     header_cached: Option<u64>,
@@ -35,8 +40,11 @@ pub struct Tracker {
 }
 
 impl Tracker {
-    pub fn new(strip: bool) -> Self {
+    /// `strip`: the gateway asked for the stream's usage itself (completions
+    /// only), so the usage-only chunk is not the client's.
+    pub fn new(api: Dialect, strip: bool) -> Self {
         Tracker {
+            api,
             strip,
             header_cached: None,
             body: BodyScan::None,
@@ -58,10 +66,12 @@ impl Tracker {
             .map(|v| v.as_bytes())
             .unwrap_or_default();
         if content_type.starts_with(b"text/event-stream") {
-            self.body = BodyScan::Sse(SseScanner::new(self.strip));
-            self.strip
+            let scan = SseScanner::new(self.api, self.strip);
+            let strips = scan.strips();
+            self.body = BodyScan::Sse(scan);
+            strips
         } else if content_type.starts_with(b"application/json") {
-            self.body = BodyScan::Json(JsonScanner::default());
+            self.body = BodyScan::Json(JsonScanner::new(self.api));
             false
         } else {
             false
@@ -99,8 +109,19 @@ impl Tracker {
         }
         .unwrap_or_default();
         Usage {
-            prompt_tokens: body.prompt_tokens,
             cached_tokens: self.header_cached.or(body.cached_tokens),
+            ..body
+        }
+    }
+
+    /// The Responses API's response id, from the moment the body gave it
+    /// (the first bytes of a JSON body, the first event of a stream); ids
+    /// over [`scanner::MAX_ID_BYTES`] are ignored.
+    pub fn response_id(&self) -> Option<&str> {
+        match &self.body {
+            BodyScan::None => None,
+            BodyScan::Json(scan) => scan.response_id(),
+            BodyScan::Sse(scan) => scan.response_id(),
         }
     }
 }
@@ -164,17 +185,25 @@ mod tests {
         h
     }
 
-    const USAGE_JSON: &str = r#"{"choices":[],"usage":{"prompt_tokens":100,"prompt_tokens_details":{"cached_tokens":64}}}"#;
+    const JSON: &str = "application/json";
+    const SSE: &str = "text/event-stream";
+    const USAGE_JSON: &str = r#"{"choices":[],"usage":{"prompt_tokens":100,"completion_tokens":7,"prompt_tokens_details":{"cached_tokens":64}}}"#;
+
+    /// A tracker that saw a 200 of `content_type` and then `body` whole.
+    fn tracked(api: Dialect, strip: bool, content_type: &str, body: &str) -> (Tracker, Bytes) {
+        let mut t = Tracker::new(api, strip);
+        t.on_header(200, &headers(&[("content-type", content_type)]));
+        let mut chunk = Some(Bytes::from(body.to_owned()));
+        t.on_body(&mut chunk, true);
+        (t, chunk.unwrap())
+    }
 
     #[test]
     fn the_header_wins_over_the_body() {
-        let mut t = Tracker::new(false);
+        let mut t = Tracker::new(Dialect::Completions, false);
         t.on_header(
             200,
-            &headers(&[
-                ("content-type", "application/json"),
-                (CACHED_TOKENS_HEADER, "80"),
-            ]),
+            &headers(&[("content-type", JSON), (CACHED_TOKENS_HEADER, "80")]),
         );
         let mut body = Some(Bytes::from(USAGE_JSON));
         t.on_body(&mut body, true);
@@ -182,15 +211,16 @@ mod tests {
             t.usage(),
             Usage {
                 prompt_tokens: Some(100),
-                cached_tokens: Some(80)
+                cached_tokens: Some(80),
+                completion_tokens: Some(7),
             }
         );
     }
 
     #[test]
     fn errors_and_unknown_types_are_not_scanned() {
-        let mut t = Tracker::new(true);
-        assert!(!t.on_header(500, &headers(&[("content-type", "application/json")])));
+        let mut t = Tracker::new(Dialect::Completions, true);
+        assert!(!t.on_header(500, &headers(&[("content-type", JSON)])));
         let mut body = Some(Bytes::from(USAGE_JSON));
         t.on_body(&mut body, true);
         assert_eq!(t.usage(), Usage::default());
@@ -198,10 +228,54 @@ mod tests {
     }
 
     #[test]
+    fn only_a_completions_stream_may_change_length() {
+        for (api, strips) in [
+            (Dialect::Completions, true),
+            (Dialect::Responses, false),
+            (Dialect::Messages, false),
+        ] {
+            let mut t = Tracker::new(api, true);
+            assert_eq!(t.on_header(200, &headers(&[("content-type", SSE)])), strips);
+            let mut t = Tracker::new(api, false);
+            assert!(!t.on_header(200, &headers(&[("content-type", SSE)])));
+        }
+        let (t, out) = tracked(
+            Dialect::Completions,
+            true,
+            SSE,
+            &format!("data: {USAGE_JSON}\n\n"),
+        );
+        assert!(out.is_empty(), "the usage-only chunk is stripped");
+        assert_eq!(t.usage().prompt_tokens, Some(100));
+    }
+
+    #[test]
+    fn the_response_id_comes_from_a_responses_body_or_stream() {
+        let body = r#"{"id":"resp_1","object":"response","output":[{"id":"msg_2"}],"usage":{"input_tokens":5,"input_tokens_details":{"cached_tokens":0},"output_tokens":1}}"#;
+        let (t, _) = tracked(Dialect::Responses, false, JSON, body);
+        assert_eq!(t.response_id(), Some("resp_1"));
+        assert_eq!(
+            t.usage(),
+            Usage {
+                prompt_tokens: Some(5),
+                cached_tokens: Some(0),
+                completion_tokens: Some(1),
+            }
+        );
+        let stream = "event: response.created\ndata: {\"response\":{\"id\":\"resp_3\",\"usage\":null},\"type\":\"response.created\"}\n\n";
+        let (t, _) = tracked(Dialect::Responses, true, SSE, stream);
+        assert_eq!(t.response_id(), Some("resp_3"));
+        // Other APIs' ids are not response ids.
+        let (t, _) = tracked(Dialect::Completions, false, JSON, r#"{"id":"chatcmpl-4"}"#);
+        assert_eq!(t.response_id(), None);
+    }
+
+    #[test]
     fn hit_rate_rules() {
         let u = |p, c| Usage {
             prompt_tokens: p,
             cached_tokens: c,
+            completion_tokens: None,
         };
         assert_eq!(hit_rate(u(Some(200), Some(50))), Some(0.25));
         assert_eq!(hit_rate(u(Some(0), Some(0))), Some(0.0));

@@ -1,26 +1,45 @@
-//! Bounded scanners that find vLLM's usage in a response body as it streams
-//! past, without holding the response.
+//! Bounded scanners that find a response's usage (and a Responses API
+//! response's id) in its body as it streams past, without holding the
+//! response. Which fields mean what is [`Dialect`]'s business; this module only
+//! finds them.
 //!
-//! - JSON (non-streamed): vLLM writes `usage` after `choices`, near the end.
-//!   The scanner keeps only the last [`JSON_TAIL_BYTES`] and, at the end,
-//!   parses the last `"usage"` object in them. A key cannot occur inside a
-//!   JSON string unescaped, so the match is a real key.
+//! - JSON (non-streamed): every API writes `usage` as a top-level member
+//!   near the end. The scanner keeps only the last [`TAIL_BYTES`] and, at the
+//!   end, parses the last `"usage"` object in them. A key cannot occur
+//!   inside a JSON string unescaped, so the match is a real key. A Responses
+//!   body opens with its id (`{"id":"resp_…"`): only that first member is
+//!   read, so the ids of output items and `"id"` inside strings never match.
 //! - SSE: events are split at blank lines (at any byte boundary across
-//!   chunks). The last event carrying a `usage` object wins (vLLM sends it in
-//!   a final chunk with `"choices": []`). With `strip` on (the gateway asked
-//!   for the usage itself), that usage-only event is removed from what the
-//!   client receives and every other byte passes unchanged.
+//!   chunks). Each event whose data mentions `"usage"` is parsed, and each
+//!   report overrides the fields it carries; for Responses the first event
+//!   with data (`response.created`) is parsed too, for the id. With `strip`
+//!   on (completions, when the gateway asked for the usage itself), the
+//!   usage-only chunk is removed from what the client receives and every
+//!   other byte passes unchanged.
+//! - An event that would have to be held across chunks beyond
+//!   [`MAX_EVENT_BYTES`] is passed on as it arrives; its last [`TAIL_BYTES`]
+//!   are searched for usage like a JSON body (a Responses
+//!   `response.completed` repeats the whole output before its usage). Its id
+//!   is not read.
 
 use std::sync::LazyLock;
 
 use bytes::{Bytes, BytesMut};
 use memchr::memmem;
-use serde::Deserialize;
 
-/// The tail of a JSON body searched for `usage`.
-pub const JSON_TAIL_BYTES: usize = 64 * 1024;
-/// An SSE event larger than this is passed on unscanned (and unstripped).
+use super::dialect::{Dialect, Usage, WireUsage};
+
+/// The tail of a JSON body, or of an event too large to hold, searched for
+/// `usage`.
+pub const TAIL_BYTES: usize = 64 * 1024;
+/// An SSE event held across chunks beyond this is passed on as it arrives
+/// (never stripped).
 pub const MAX_EVENT_BYTES: usize = 256 * 1024;
+/// A longer response id is ignored rather than kept.
+pub const MAX_ID_BYTES: usize = 256;
+/// The first bytes of a JSON body held until its leading id is complete:
+/// room for an id of [`MAX_ID_BYTES`] with some escapes.
+const HEAD_BYTES: usize = 1024;
 
 /// Searchers built once: building one per search would cost more than the
 /// search itself on small events.
@@ -29,35 +48,8 @@ static USAGE: LazyLock<memmem::Finder<'static>> =
 static USAGE_REV: LazyLock<memmem::FinderRev<'static>> =
     LazyLock::new(|| memmem::FinderRev::new(b"\"usage\""));
 
-/// What vLLM reported about a request's prompt.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Usage {
-    pub prompt_tokens: Option<u64>,
-    pub cached_tokens: Option<u64>,
-}
-
-#[derive(Deserialize)]
-struct UsageField {
-    prompt_tokens: Option<u64>,
-    prompt_tokens_details: Option<Details>,
-}
-
-#[derive(Deserialize)]
-struct Details {
-    cached_tokens: Option<u64>,
-}
-
-impl From<UsageField> for Usage {
-    fn from(u: UsageField) -> Self {
-        Usage {
-            prompt_tokens: u.prompt_tokens,
-            cached_tokens: u.prompt_tokens_details.and_then(|d| d.cached_tokens),
-        }
-    }
-}
-
 /// Parse the usage object that follows the last `"usage"` key in `bytes`.
-fn last_usage(bytes: &[u8]) -> Option<Usage> {
+fn last_usage(bytes: &[u8]) -> Option<WireUsage> {
     let at = USAGE_REV.rfind(bytes)?;
     let rest = &bytes[at + b"\"usage\"".len()..];
     let rest = rest
@@ -67,187 +59,273 @@ fn last_usage(bytes: &[u8]) -> Option<Usage> {
     if !rest.starts_with(b"{") {
         return None; // `"usage": null`
     }
-    let mut values = serde_json::Deserializer::from_slice(rest).into_iter::<UsageField>();
-    values.next()?.ok().map(Usage::from)
+    let mut values = serde_json::Deserializer::from_slice(rest).into_iter::<WireUsage>();
+    values.next()?.ok()
 }
 
-/// The tail of a non-streamed JSON body.
+/// What the first bytes of a JSON body say about its leading id.
+enum Lead {
+    /// Not decided yet.
+    More,
+    Id(Box<str>),
+    /// The body does not open with an id (or one too long).
+    Absent,
+}
+
+/// The id a JSON body opens with, as `{"id":"…"`.
+fn leading_id(head: &[u8]) -> Lead {
+    let mut rest = head;
+    for token in [&b"{"[..], b"\"id\"", b":"] {
+        rest = rest.trim_ascii_start();
+        match rest.strip_prefix(token) {
+            Some(after) => rest = after,
+            None if token.starts_with(rest) => return Lead::More,
+            None => return Lead::Absent,
+        }
+    }
+    let mut value = serde_json::Deserializer::from_slice(rest).into_iter::<Box<str>>();
+    match value.next() {
+        Some(Ok(id)) if id.len() <= MAX_ID_BYTES => Lead::Id(id),
+        None => Lead::More,
+        Some(Err(e)) if e.is_eof() => Lead::More,
+        _ => Lead::Absent,
+    }
+}
+
+/// The last [`TAIL_BYTES`] of the bytes pushed into it.
 #[derive(Default)]
+struct Tail(Vec<u8>);
+
+impl Tail {
+    fn push(&mut self, bytes: &[u8]) {
+        if bytes.len() >= TAIL_BYTES {
+            self.0.clear();
+            self.0.extend_from_slice(&bytes[bytes.len() - TAIL_BYTES..]);
+            return;
+        }
+        let overflow = (self.0.len() + bytes.len()).saturating_sub(TAIL_BYTES);
+        self.0.drain(..overflow);
+        self.0.extend_from_slice(bytes);
+    }
+}
+
+/// A non-streamed JSON body: its tail, and for Responses its head.
 pub struct JsonScanner {
-    tail: Vec<u8>,
+    dialect: Dialect,
+    tail: Tail,
+    /// The first bytes, while the leading id is undecided (Responses only).
+    head: Option<Vec<u8>>,
+    response_id: Option<Box<str>>,
 }
 
 impl JsonScanner {
-    pub fn feed(&mut self, chunk: &[u8]) {
-        if chunk.len() >= JSON_TAIL_BYTES {
-            self.tail.clear();
-            self.tail
-                .extend_from_slice(&chunk[chunk.len() - JSON_TAIL_BYTES..]);
-            return;
+    pub fn new(dialect: Dialect) -> Self {
+        JsonScanner {
+            dialect,
+            tail: Tail::default(),
+            head: (dialect == Dialect::Responses).then(Vec::new),
+            response_id: None,
         }
-        let overflow = (self.tail.len() + chunk.len()).saturating_sub(JSON_TAIL_BYTES);
-        self.tail.drain(..overflow);
-        self.tail.extend_from_slice(chunk);
+    }
+
+    pub fn feed(&mut self, chunk: &[u8]) {
+        if let Some(head) = &mut self.head {
+            let room = HEAD_BYTES - head.len();
+            head.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            match leading_id(head) {
+                Lead::More if head.len() < HEAD_BYTES => {}
+                Lead::Id(id) => {
+                    self.response_id = Some(id);
+                    self.head = None;
+                }
+                _ => self.head = None,
+            }
+        }
+        self.tail.push(chunk);
     }
 
     pub fn finish(&self) -> Option<Usage> {
-        last_usage(&self.tail)
+        last_usage(&self.tail.0).map(|u| self.dialect.usage(u))
+    }
+
+    /// The response's id, as soon as the body's first bytes gave it.
+    pub fn response_id(&self) -> Option<&str> {
+        self.response_id.as_deref()
     }
 }
 
 /// Server-sent events, scanned (and optionally stripped) event by event.
 pub struct SseScanner {
+    dialect: Dialect,
     strip: bool,
     /// The bytes of the event not yet complete.
     pending: BytesMut,
-    /// The pending event outgrew the bound: pass it through unscanned.
-    oversized: bool,
+    /// Inside an event that outgrew [`MAX_EVENT_BYTES`]: its last bytes.
+    oversized: Option<Tail>,
+    /// The next event with data is read whatever it holds (Responses: it is
+    /// `response.created`, which has the id).
+    id_pending: bool,
     usage: Option<Usage>,
+    response_id: Option<Box<str>>,
 }
 
 impl SseScanner {
-    pub fn new(strip: bool) -> Self {
+    /// `strip` applies to completions only: the other APIs have no
+    /// usage-only chunk.
+    pub fn new(dialect: Dialect, strip: bool) -> Self {
         SseScanner {
-            strip,
+            dialect,
+            strip: strip && dialect == Dialect::Completions,
             pending: BytesMut::new(),
-            oversized: false,
+            oversized: None,
+            id_pending: dialect == Dialect::Responses,
             usage: None,
+            response_id: None,
         }
+    }
+
+    /// Whether the body may shrink (the usage-only chunk is stripped).
+    pub fn strips(&self) -> bool {
+        self.strip
     }
 
     pub fn usage(&self) -> Option<Usage> {
         self.usage
     }
 
+    /// The response's id, as soon as the event carrying it has passed.
+    pub fn response_id(&self) -> Option<&str> {
+        self.response_id.as_deref()
+    }
+
     /// Feed one chunk; returns what the client should receive for it. Without
     /// `strip` that is the chunk itself.
     pub fn feed(&mut self, chunk: Bytes) -> Bytes {
-        // The common case: whole events, none with usage: nothing to read,
-        // and the chunk goes on as it is, without copying.
+        // The common case: whole events, none to read: the chunk goes on as
+        // it is, without copying.
         let plain = self.pending.is_empty()
-            && !self.oversized
+            && self.oversized.is_none()
             && chunk.ends_with(b"\n\n")
+            && !self.id_pending
             && USAGE.find(&chunk).is_none();
         if plain {
             return chunk;
         }
-        if !self.strip {
-            self.scan_only(&chunk);
-            return chunk;
-        }
         let mut out = BytesMut::new();
         let mut rest = &chunk[..];
-        while !rest.is_empty() {
-            let (event, tail) = self.take_event(rest);
-            rest = tail;
-            match event {
-                Some(event) if self.is_usage_only(&event) => {}
-                Some(event) => out.extend_from_slice(&event),
-                // An incomplete event too large to hold: release it as is.
-                None if self.oversized => out.extend_from_slice(&self.pending.split()),
-                None => {}
-            }
+        while let Some(end) = event_end(self.event_so_far(), rest) {
+            let (event, after) = rest.split_at(end);
+            self.complete(event, &mut out);
+            rest = after;
         }
-        out.freeze()
+        if !rest.is_empty() {
+            self.hold(rest, &mut out);
+        }
+        if self.strip {
+            out.freeze()
+        } else {
+            chunk
+        }
     }
 
     /// End of stream. Returns what is still owed to the client: with
     /// `strip`, a last event that had no terminator.
     pub fn finish(&mut self) -> Bytes {
-        let rest = self.pending.split().freeze();
-        if !self.oversized {
-            self.note_usage(&rest);
+        let mut out = BytesMut::new();
+        self.complete(&[], &mut out);
+        out.freeze()
+    }
+
+    /// The last bytes of the current event so far, for a terminator that
+    /// straddles chunks.
+    fn event_so_far(&self) -> &[u8] {
+        match &self.oversized {
+            Some(tail) => &tail.0,
+            None => &self.pending,
         }
+    }
+
+    /// The current event ends with `bytes`: read it, pass it on or drop it.
+    fn complete(&mut self, bytes: &[u8], out: &mut BytesMut) {
+        if let Some(mut tail) = self.oversized.take() {
+            tail.push(bytes);
+            if let Some(u) = last_usage(&tail.0) {
+                self.note(self.dialect.usage(u));
+            }
+            self.emit(bytes, out);
+        } else if self.pending.is_empty() {
+            // Whole in this chunk: read in place.
+            if !self.read(bytes) {
+                self.emit(bytes, out);
+            }
+        } else {
+            self.pending.extend_from_slice(bytes);
+            let event = self.pending.split();
+            if !self.read(&event) {
+                self.emit(&event, out);
+            }
+        }
+    }
+
+    /// `bytes` begin or continue an event that has not ended yet.
+    fn hold(&mut self, bytes: &[u8], out: &mut BytesMut) {
+        if self.oversized.is_none() && self.pending.len() + bytes.len() <= MAX_EVENT_BYTES {
+            self.pending.extend_from_slice(bytes);
+            return;
+        }
+        // Too large to hold: pass it on as it comes, keeping only its tail.
+        let held = self.pending.split();
+        self.emit(&held, out);
+        self.emit(bytes, out);
+        let tail = self.oversized.get_or_insert_with(Tail::default);
+        tail.push(&held);
+        tail.push(bytes);
+    }
+
+    /// With `strip`, bytes go to the client through `out`; without it the
+    /// chunk itself goes on.
+    fn emit(&self, bytes: &[u8], out: &mut BytesMut) {
         if self.strip {
-            rest
-        } else {
-            Bytes::new()
+            out.extend_from_slice(bytes);
         }
     }
 
-    fn scan_only(&mut self, chunk: &[u8]) {
-        let mut rest = chunk;
-        // Finish an event begun in an earlier chunk.
-        if !self.pending.is_empty() || self.oversized {
-            let (event, tail) = self.take_event(rest);
-            rest = tail;
-            match event {
-                Some(event) => self.note_usage(&event),
-                // Still inside an oversized event: keep nothing of it.
-                None if self.oversized => self.pending.clear(),
-                None => {}
-            }
-        }
-        // Whole events in this chunk are scanned in place.
-        while let Some(end) = find_event_end(rest) {
-            self.note_usage(&rest[..end]);
-            rest = &rest[end..];
-        }
-        if rest.len() > MAX_EVENT_BYTES {
-            self.oversized = true;
-        } else {
-            self.pending.extend_from_slice(rest);
-        }
-    }
-
-    /// Move bytes from `input` into `pending` up to the end of the current
-    /// event. Returns the completed event (if any) and the unread input.
-    fn take_event<'a>(&mut self, input: &'a [u8]) -> (Option<BytesMut>, &'a [u8]) {
-        // The terminator may straddle chunks: search from a little before
-        // the new bytes.
-        let start = self.pending.len().saturating_sub(3);
-        self.pending.extend_from_slice(input);
-        let end = find_event_end(&self.pending[start..]).map(|e| start + e);
-        match end {
-            Some(end) => {
-                let consumed = end - (self.pending.len() - input.len());
-                let event = self.pending.split_to(end);
-                self.pending.clear();
-                let done_oversized = std::mem::replace(&mut self.oversized, false);
-                if done_oversized && !self.strip {
-                    return (None, &input[consumed..]);
-                }
-                (Some(event), &input[consumed..])
-            }
-            None => {
-                if self.pending.len() > MAX_EVENT_BYTES {
-                    self.oversized = true;
-                }
-                (None, &[])
-            }
-        }
-    }
-
-    fn is_usage_only(&mut self, event: &[u8]) -> bool {
+    /// Read one whole event; true when it is the usage-only chunk to strip.
+    fn read(&mut self, event: &[u8]) -> bool {
         let Some(data) = data_of(event) else {
             return false;
         };
-        if USAGE.find(data).is_none() {
+        if !std::mem::take(&mut self.id_pending) && USAGE.find(data).is_none() {
             return false;
         }
-        #[derive(Deserialize)]
-        struct Chunk {
-            choices: Option<Vec<serde::de::IgnoredAny>>,
-            usage: Option<UsageField>,
+        let facts = self.dialect.read_event(data);
+        if let Some(u) = facts.usage {
+            self.note(u);
         }
-        match serde_json::from_slice::<Chunk>(data) {
-            Ok(Chunk {
-                choices,
-                usage: Some(u),
-            }) => {
-                self.usage = Some(u.into());
-                choices.is_some_and(|c| c.is_empty())
-            }
-            _ => false,
+        if self.response_id.is_none() {
+            self.response_id = facts.response_id.filter(|id| id.len() <= MAX_ID_BYTES);
         }
+        self.strip && facts.usage_only
     }
 
-    fn note_usage(&mut self, event: &[u8]) {
-        if let Some(data) = data_of(event) {
-            if let Some(u) = last_usage(data) {
-                self.usage = Some(u);
-            }
-        }
+    fn note(&mut self, report: Usage) {
+        self.usage = Some(report.or(self.usage.unwrap_or_default()));
+    }
+}
+
+/// Where the current event ends in `input` (just after its blank line),
+/// given its last bytes from earlier chunks.
+fn event_end(before: &[u8], input: &[u8]) -> Option<usize> {
+    // A terminator is at most 3 bytes: one that straddles lies in the last
+    // 2 bytes before and the first 3 of the input.
+    let k = before.len().min(2);
+    let n = input.len().min(3);
+    let mut joint = [0u8; 5];
+    joint[..k].copy_from_slice(&before[before.len() - k..]);
+    joint[k..k + n].copy_from_slice(&input[..n]);
+    match find_event_end(&joint[..k + n]) {
+        Some(end) if end > k => Some(end - k),
+        _ => find_event_end(input),
     }
 }
 

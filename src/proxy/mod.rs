@@ -287,7 +287,7 @@ impl Gateway {
             && self.config.stream_usage
             && facts.stream
             && !facts.stream_options;
-        let tracker = api.is_completion().then(|| Tracker::new(add_usage));
+        let tracker = api.dialect().map(|d| Tracker::new(d, add_usage));
         let body: Bytes = if add_usage {
             body::with_stream_usage(&raw).into()
         } else {
