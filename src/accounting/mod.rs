@@ -1,8 +1,8 @@
-//! Prefix-cache accounting: for each proxied request to an
-//! API that reports usage, how many prompt tokens vLLM processed, how many of
-//! them it served from its prefix cache, and how many it generated; and, for
-//! the Responses API, the response's id (the next turn names it in
-//! `previous_response_id`, so it is routed to the backend that stored it).
+//! Prefix-cache accounting: for each proxied request to an API that reports
+//! usage, how many prompt tokens vLLM processed, how many of them it served
+//! from its prefix cache, and how many it generated; and, for the Responses
+//! API, the response's id (the next turn names it in `previous_response_id`,
+//! so it is routed to the backend that stored it).
 //!
 //! Sources, per response: the `vllm-num-cached-tokens` header (a patched vLLM
 //! or a sidecar) wins for cached tokens; otherwise the usage in the JSON body
