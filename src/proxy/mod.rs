@@ -111,8 +111,10 @@ struct Routed {
     /// The body read in `request_filter` (rewritten if the gateway added
     /// `stream_options`), emitted on every attempt.
     body: Bytes,
-    /// Prefix-cache accounting, for completions.
+    /// Usage accounting, for the APIs that report it.
     tracker: Option<Tracker>,
+    /// The response's id was handed to routing (Responses API).
+    owner_noted: bool,
     attempt: Attempt,
 }
 
@@ -128,6 +130,24 @@ struct Attempt {
     /// Its backend failed: the next attempt goes elsewhere.
     failed: bool,
     response_started: bool,
+}
+
+impl Routed {
+    /// A response body chunk: accounted, and a stored response's id, once
+    /// seen, tells routing where it is stored.
+    fn on_body(&mut self, body: &mut Option<Bytes>, end_of_stream: bool) {
+        let Some(tracker) = &mut self.tracker else {
+            return;
+        };
+        tracker.on_body(body, end_of_stream);
+        if !self.owner_noted {
+            if let Some(id) = tracker.response_id() {
+                self.owner_noted = true;
+                let addr = self.attempt.candidate.addr;
+                self.pool.routing.owner_found(id, addr, Instant::now());
+            }
+        }
+    }
 }
 
 impl RequestCtx {
@@ -304,6 +324,7 @@ impl Gateway {
             input,
             body,
             tracker,
+            owner_noted: false,
             attempt,
         }));
         Ok(())
@@ -329,6 +350,7 @@ impl Gateway {
             input,
             body,
             tracker: None,
+            owner_noted: false,
             attempt,
         }));
         Ok(())
@@ -639,8 +661,8 @@ impl ProxyHttp for Gateway {
         if ctx.first_byte.is_none() && body.as_ref().is_some_and(|b| !b.is_empty()) {
             ctx.first_byte = Some(ctx.started.elapsed());
         }
-        if let Some(tracker) = ctx.routed_mut().and_then(|r| r.tracker.as_mut()) {
-            tracker.on_body(body, end_of_stream);
+        if let Some(routed) = ctx.routed_mut() {
+            routed.on_body(body, end_of_stream);
         }
         if end_of_stream {
             // The backend is done with this sequence: its slot is free now,
