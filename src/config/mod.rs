@@ -180,58 +180,83 @@ pub enum ConfigError {
 /// The accepted range of a numeric field, stated once per field. Upper
 /// bounds catch unit mistakes (ms written as s, bytes as MiB).
 #[derive(Debug, Clone, Copy)]
-struct Bound {
-    lo: u64,
-    hi: u64,
+struct Bound<T> {
+    lo: T,
+    hi: T,
+    /// `lo` itself is refused.
+    above: bool,
 }
 
-impl Bound {
-    const fn new(lo: u64, hi: u64) -> Self {
-        Bound { lo, hi }
+impl<T: Copy + PartialOrd + std::fmt::Display + std::fmt::Debug> Bound<T> {
+    /// `lo..=hi`.
+    const fn new(lo: T, hi: T) -> Self {
+        Bound {
+            lo,
+            hi,
+            above: false,
+        }
     }
 
-    /// `value` if in range, else an error naming `path`.
-    fn check(self, path: &str, value: u64) -> Result<u64, ConfigError> {
-        if (self.lo..=self.hi).contains(&value) {
+    /// Above `lo`, at most `hi`.
+    const fn above(lo: T, hi: T) -> Self {
+        Bound {
+            lo,
+            hi,
+            above: true,
+        }
+    }
+
+    /// `value` if in range, else an error naming `path`. NaN is never in
+    /// range.
+    fn check(self, path: &str, value: T) -> Result<T, ConfigError> {
+        let (lo, hi) = (self.lo, self.hi);
+        let low_ok = if self.above { value > lo } else { value >= lo };
+        if low_ok && value <= hi {
             Ok(value)
+        } else if self.above {
+            Err(invalid(
+                path,
+                value,
+                &format!("must be above {lo:?} and at most {hi:?}"),
+            ))
         } else {
             Err(invalid(
                 path,
                 value,
-                &format!("must be between {} and {}", self.lo, self.hi),
+                &format!("must be between {lo} and {hi}"),
             ))
         }
     }
 }
 
-const EXCLUSION_SECS: Bound = Bound::new(1, 3600);
-const BODY_BYTES: Bound = Bound::new(1024, 1 << 30);
-const CONNECT_TIMEOUT_MS: Bound = Bound::new(1, 60_000);
-const READ_TIMEOUT_MS: Bound = Bound::new(1, 3_600_000);
-const WEIGHT: Bound = Bound::new(1, 1000);
+const EXCLUSION_SECS: Bound<u64> = Bound::new(1, 3600);
+const BODY_BYTES: Bound<u64> = Bound::new(1024, 1 << 30);
+const CONNECT_TIMEOUT_MS: Bound<u64> = Bound::new(1, 60_000);
+const READ_TIMEOUT_MS: Bound<u64> = Bound::new(1, 3_600_000);
+const WEIGHT: Bound<u64> = Bound::new(1, 1000);
 const MAX_BACKENDS_PER_MODEL: usize = 256;
-const NUM_SEQS: Bound = Bound::new(1, 4096);
-const QUEUE_DEPTH: Bound = Bound::new(0, 100_000);
-const REPLICAS: Bound = Bound::new(1, 64);
-const QUEUE_TIMEOUT_MS: Bound = Bound::new(1, 3_600_000);
-const WARMUP_DELAY_MS: Bound = Bound::new(0, 60_000);
-const HEALTH_INTERVAL_MS: Bound = Bound::new(100, 600_000);
-const HEALTH_TIMEOUT_MS: Bound = Bound::new(1, 60_000);
-const HEALTH_CONSECUTIVE_OK: Bound = Bound::new(1, 100);
-const KEYLESS_PREFIX_BYTES: Bound = Bound::new(1, 1 << 20);
-const LEEWAY_SECS: Bound = Bound::new(0, 600);
-const JWKS_REFRESH_SECS: Bound = Bound::new(1, 86_400);
+const NUM_SEQS: Bound<u64> = Bound::new(1, 4096);
+const QUEUE_DEPTH: Bound<u64> = Bound::new(0, 100_000);
+const REPLICAS: Bound<u64> = Bound::new(1, 64);
+const QUEUE_TIMEOUT_MS: Bound<u64> = Bound::new(1, 3_600_000);
+const WARMUP_DELAY_MS: Bound<u64> = Bound::new(0, 60_000);
+const HEALTH_INTERVAL_MS: Bound<u64> = Bound::new(100, 600_000);
+const HEALTH_TIMEOUT_MS: Bound<u64> = Bound::new(1, 60_000);
+const HEALTH_CONSECUTIVE_OK: Bound<u64> = Bound::new(1, 100);
+const KEYLESS_PREFIX_BYTES: Bound<u64> = Bound::new(1, 1 << 20);
+const LEEWAY_SECS: Bound<u64> = Bound::new(0, 600);
+const JWKS_REFRESH_SECS: Bound<u64> = Bound::new(1, 86_400);
 /// `discovery.refresh_secs`: at least 0.1 (tests change DNS quickly), at
 /// most an hour.
-const REFRESH_SECS: (f64, f64) = (0.1, 3600.0);
+const REFRESH_SECS: Bound<f64> = Bound::new(0.1, 3600.0);
 /// `balance_factor`: above 1 (1 would forbid any imbalance), at most 10.
-const BALANCE_FACTOR: (f64, f64) = (1.0, 10.0);
+const BALANCE_FACTOR: Bound<f64> = Bound::above(1.0, 10.0);
 
 type Field = fn(&mut GatewayFile) -> &mut u64;
 
 /// Environment variables that override the file (CAG-2), with the field
 /// each replaces and its range.
-const ENV_OVERRIDES: [(&str, Field, Bound); 3] = [
+const ENV_OVERRIDES: [(&str, Field, Bound<u64>); 3] = [
     (
         "VLLM_MAX_NUM_SEQS",
         |g| &mut g.scheduler.max_num_seqs,
@@ -351,16 +376,9 @@ fn validate_discovery(d: DiscoveryFile) -> Result<DiscoveryConfig, ConfigError> 
         .enumerate()
         .map(|(i, s)| socket_addr(&format!("{at}.nameservers[{i}]"), s))
         .collect::<Result<_, _>>()?;
-    let (lo, hi) = REFRESH_SECS;
-    if !(lo..=hi).contains(&d.refresh_secs) {
-        return Err(invalid(
-            format!("{at}.refresh_secs"),
-            d.refresh_secs,
-            &format!("must be between {lo} and {hi}"),
-        ));
-    }
+    let refresh_secs = REFRESH_SECS.check(&format!("{at}.refresh_secs"), d.refresh_secs)?;
     Ok(DiscoveryConfig {
-        refresh: Duration::from_secs_f64(d.refresh_secs),
+        refresh: Duration::from_secs_f64(refresh_secs),
         nameservers,
         allow_unresolved: d.allow_unresolved,
     })
@@ -648,7 +666,7 @@ fn validate_routing(at: &str, r: &RoutingFile) -> Result<Policy, ConfigError> {
     Ok(Policy {
         balance_factor: r
             .balance_factor
-            .map(|f| balance_factor(&format!("{at}.balance_factor"), f))
+            .map(|f| BALANCE_FACTOR.check(&format!("{at}.balance_factor"), f))
             .transpose()?,
         keyless: match r.keyless {
             KeylessFile::RoundRobin => Keyless::RoundRobin,
@@ -660,19 +678,6 @@ fn validate_routing(at: &str, r: &RoutingFile) -> Result<Policy, ConfigError> {
             r.keyless_prefix_bytes,
         )? as usize,
     })
-}
-
-fn balance_factor(path: &str, f: f64) -> Result<f64, ConfigError> {
-    let (lo, hi) = BALANCE_FACTOR;
-    if f > lo && f <= hi {
-        Ok(f)
-    } else {
-        Err(invalid(
-            path,
-            f,
-            &format!("must be above {lo:?} and at most {hi:?}"),
-        ))
-    }
 }
 
 fn validate_models(
@@ -794,7 +799,7 @@ fn validate_model(
     let limits = configured.shared_by(replicas);
     let mut policy = routing.clone();
     if let Some(f) = m.balance_factor {
-        policy.balance_factor = Some(balance_factor(&format!("{path}.balance_factor"), f)?);
+        policy.balance_factor = Some(BALANCE_FACTOR.check(&format!("{path}.balance_factor"), f)?);
     }
     Ok(ModelConfig {
         name: m.name,
