@@ -12,6 +12,7 @@ pub mod discovery;
 pub mod errors;
 pub mod exclusion;
 pub mod explain;
+pub mod field;
 pub mod health;
 pub mod load_report;
 pub mod logging;
