@@ -1,9 +1,9 @@
 //! `auth`: the API keys clients may present (read from their file here),
-//! the JWT settings (`jwt`) and the key sent upstream.
+//! the JWT settings (`crate::auth::jwt::config`) and the key sent upstream.
 
 use serde::Deserialize;
 
-use super::jwt::{self, JwtConfig, JwtFile};
+use crate::auth::jwt::config::{self as jwt, JwtConfig, JwtFile};
 use crate::auth::ApiKeys;
 use crate::field::{invalid, Invalid};
 

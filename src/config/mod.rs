@@ -8,8 +8,8 @@
 //!
 //! A file per section holds its file format (serde structs with
 //! `deny_unknown_fields`, every default next to its field), its validated
-//! form, the ranges of its numbers and its checks: `listen`, `auth` (the JWT
-//! settings are `auth::jwt::config`'s), `upstream_tls`, `scheduler`,
+//! form, the ranges of its numbers and its checks: `listen`, `auth` (whose
+//! `jwt` is `crate::auth::jwt::config`'s), `upstream_tls`, `scheduler`,
 //! `routing`, `warmup`, `discovery`, `health_check` and `models` (each
 //! backend entry in `address`). This file holds the top level: its own
 //! fields, the environment overrides and loading.
@@ -19,7 +19,6 @@ mod auth;
 mod discovery;
 mod entries;
 mod health_check;
-mod jwt;
 mod listen;
 mod models;
 mod routing;
@@ -35,10 +34,11 @@ use serde::Deserialize;
 
 use crate::auth::ApiKeys;
 use crate::field::{invalid, Bound, Invalid};
+// The types of GatewayConfig's fields, wherever each section lives.
+pub use crate::auth::jwt::config::{JwksSource, JwtConfig};
 pub use address::{BackendConfig, Target};
 pub use discovery::DiscoveryConfig;
 pub use health_check::HealthCheckConfig;
-pub use jwt::{JwksSource, JwtConfig};
 pub use listen::ListenerConfig;
 pub use models::ModelConfig;
 pub use scheduler::Overflow;

@@ -1,11 +1,13 @@
-//! `auth.jwt`: JWT bearer tokens from an OIDC provider: what a token must
-//! carry and where the provider's keys come from.
+//! The `gateway.auth.jwt` section: its file format, its validated form
+//! ([`JwtConfig`]: the [`Policy`](super::Policy) and where the provider's
+//! keys come from) and its checks. It lives beside the policy, not in
+//! `config`, so `auth` depends on no configuration module: `config` takes
+//! this section whole.
 
 use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::secs;
 use crate::auth::fetch::JwksUrl;
 use crate::auth::jwks::KeySet;
 use crate::auth::jwt;
@@ -144,7 +146,7 @@ pub fn validate(j: JwtFile) -> Result<JwtConfig, Invalid> {
                 url: JwksUrl::parse(&url)
                     .map_err(|e| invalid(format!("{at}.jwks_url"), &url, &e))?,
                 ca_file,
-                refresh: secs(
+                refresh: Duration::from_secs(
                     JWKS_REFRESH_SECS
                         .check(&format!("{at}.jwks_refresh_secs"), j.jwks_refresh_secs)?,
                 ),
