@@ -22,7 +22,8 @@ pub struct Discovery {
     config: DiscoveryConfig,
     entries: Mutex<Entries>,
     /// The first `discover` hands over the set resolved at start, so the
-    /// pool is built before serving, without a second lookup.
+    /// pool is built before serving, without a second lookup and without
+    /// waiting (`ModelPool::first_update` relies on it).
     started: AtomicBool,
 }
 

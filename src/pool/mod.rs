@@ -177,8 +177,15 @@ impl ModelPool {
         (pool, service)
     }
 
-    /// The first discovery hands over the set resolved at start without
-    /// waiting (see `Discovery`): run it now, so the pool serves at once.
+    /// The first discovery hands over the set resolved at start: run it
+    /// now, so the pool serves at once.
+    ///
+    /// `new` is not async, so the update is polled once, never awaited. It
+    /// completes in that one poll because nothing in it waits:
+    /// `Discovery::discover` answers its first call from the set it was
+    /// given, without a lookup, and Pingora's `Backends::update` awaits
+    /// nothing but discovery. The test
+    /// `the_first_update_completes_without_waiting` holds both to it.
     fn first_update(&self) {
         let update = std::pin::pin!(self.backends.update(|set| {
             self.rebuild(&set);

@@ -32,12 +32,18 @@ fn model(name: &str, n: u16) -> ModelConfig {
 }
 
 fn pool_of(model: &ModelConfig) -> ModelPool {
+    pool_resolved(model, Entries::new(&model.backends))
+}
+
+/// The pool of `model` whose entries resolved at start to `resolved`.
+fn pool_resolved(model: &ModelConfig, resolved: Entries) -> ModelPool {
     let config = DiscoveryConfig {
         refresh: Duration::from_secs(10),
-        nameservers: Vec::new(),
+        // Were a name looked up, only a loopback port would be asked.
+        nameservers: vec![SocketAddr::from(([127, 0, 0, 1], 9))],
         allow_unresolved: false,
     };
-    let discovery = Discovery::new(&model.name, &config, Entries::new(&model.backends));
+    let discovery = Discovery::new(&model.name, &config, resolved);
     ModelPool::new(model, discovery, Duration::from_secs(30), None, None).0
 }
 
@@ -60,6 +66,27 @@ fn every_backend_is_routed_and_admitted() {
     for a in p.addrs() {
         assert!(p.admission(a).is_some());
     }
+}
+
+/// `first_update` polls Pingora's update once, outside any runtime. A
+/// name resolved at start is a backend at once: discovery's first call
+/// does not look it up (a lookup would wait), and the update waits for
+/// nothing else.
+#[test]
+fn the_first_update_completes_without_waiting() {
+    let mut m = model("pool-first", 0);
+    m.backends.push(BackendConfig {
+        target: Target::Name {
+            host: "gpu.invalid".into(),
+            port: 8000,
+        },
+        weight: 1,
+        tls: None,
+        field: "gateway.models[0].addresses[0]".into(),
+    });
+    let mut resolved = Entries::new(&m.backends);
+    resolved.record(0, Ok(vec![addr(7)]));
+    assert_eq!(pool_resolved(&m, resolved).members().addrs(), [addr(7)]);
 }
 
 #[test]
