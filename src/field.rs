@@ -29,6 +29,10 @@ pub fn invalid(path: impl Into<String>, value: impl Debug, rule: &str) -> Invali
 /// bounds catch unit mistakes (ms written as s, bytes as MiB).
 #[derive(Debug, Clone, Copy)]
 pub struct Bound<T> {
+    /// The keys it bounds, list elements as `[]`
+    /// (`gateway.models[].max_num_seqs`): the config key test checks the
+    /// ranges the docs state against these.
+    pub keys: &'static [&'static str],
     lo: T,
     hi: T,
     /// `lo` itself is refused.
@@ -37,8 +41,9 @@ pub struct Bound<T> {
 
 impl<T: Copy + PartialOrd + Display + Debug> Bound<T> {
     /// `lo..=hi`.
-    pub const fn new(lo: T, hi: T) -> Self {
+    pub const fn new(keys: &'static [&'static str], lo: T, hi: T) -> Self {
         Bound {
+            keys,
             lo,
             hi,
             above: false,
@@ -46,8 +51,9 @@ impl<T: Copy + PartialOrd + Display + Debug> Bound<T> {
     }
 
     /// Above `lo`, at most `hi`.
-    pub const fn above(lo: T, hi: T) -> Self {
+    pub const fn above(keys: &'static [&'static str], lo: T, hi: T) -> Self {
         Bound {
+            keys,
             lo,
             hi,
             above: true,
@@ -70,6 +76,19 @@ impl<T: Copy + PartialOrd + Display + Debug> Bound<T> {
                 value,
                 &format!("must be between {lo} and {hi}"),
             ))
+        }
+    }
+}
+
+/// The range as the docs state it: `1..3600` (both ends included), or
+/// `above 1, at most 10`.
+impl<T: Display> Display for Bound<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (lo, hi) = (&self.lo, &self.hi);
+        if self.above {
+            write!(f, "above {lo}, at most {hi}")
+        } else {
+            write!(f, "{lo}..{hi}")
         }
     }
 }

@@ -11,6 +11,7 @@ use crate::tls::BackendTls;
 
 /// A backend in its map form.
 #[derive(Debug, Deserialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct AddressFile {
     pub address: String,
@@ -70,7 +71,7 @@ impl std::fmt::Display for Target {
     }
 }
 
-const WEIGHT: Bound<u64> = Bound::new(1, 1000);
+pub const WEIGHT: Bound<u64> = Bound::new(&["gateway.models[].addresses[].weight"], 1, 1000);
 
 /// `IP:port`, or `name:port` with a DNS name (letters, digits, `-` and
 /// `_` in dot-separated labels of at most 63, 253 in all, at least one

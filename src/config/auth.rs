@@ -8,6 +8,7 @@ use crate::auth::ApiKeys;
 use crate::field::{invalid, Invalid};
 
 #[derive(Debug, Default, Deserialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct AuthFile {
     /// One API key, or its SHA-256 in hex, per line. When set, requests need

@@ -10,6 +10,7 @@ use super::socket_addr;
 use crate::field::{Bound, Invalid};
 
 #[derive(Debug, Deserialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct DiscoveryFile {
     /// Names are resolved again this often, in seconds (fractions allowed,
@@ -52,7 +53,7 @@ pub struct DiscoveryConfig {
 }
 
 /// At least 0.1 (tests change DNS quickly), at most an hour.
-const REFRESH_SECS: Bound<f64> = Bound::new(0.1, 3600.0);
+pub const REFRESH_SECS: Bound<f64> = Bound::new(&["gateway.discovery.refresh_secs"], 0.1, 3600.0);
 
 pub fn validate(d: DiscoveryFile) -> Result<DiscoveryConfig, Invalid> {
     let at = "gateway.discovery";

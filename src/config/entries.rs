@@ -73,3 +73,28 @@ impl<'de, M: Deserialize<'de> + From<String>> Deserialize<'de> for Entries<M> {
         d.deserialize_any(EntriesVisitor(PhantomData)).map(Entries)
     }
 }
+
+/// For the key test: the list form, whose keys the one-entry shorthand
+/// shares (a key of an entry is `listen[].address` either way).
+#[cfg(test)]
+impl<M: schemars::JsonSchema> schemars::JsonSchema for Entries<M> {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        format!("Entries_{}", M::schema_name()).into()
+    }
+
+    fn json_schema(g: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({"type": "array", "items": g.subschema_for::<Entry<M>>()})
+    }
+}
+
+/// For the key test: a string or the map form.
+#[cfg(test)]
+impl<M: schemars::JsonSchema> schemars::JsonSchema for Entry<M> {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        format!("Entry_{}", M::schema_name()).into()
+    }
+
+    fn json_schema(g: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({"anyOf": [{"type": "string"}, g.subschema_for::<M>()]})
+    }
+}

@@ -9,6 +9,7 @@ use super::ms;
 use crate::field::{invalid, Bound, Invalid};
 
 #[derive(Debug, Deserialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct HealthCheckFile {
     /// Probed with GET. Default `/health` (vLLM's).
@@ -46,9 +47,9 @@ pub struct HealthCheckConfig {
     pub consecutive_ok: usize,
 }
 
-const INTERVAL_MS: Bound<u64> = Bound::new(100, 600_000);
-const TIMEOUT_MS: Bound<u64> = Bound::new(1, 60_000);
-const CONSECUTIVE_OK: Bound<u64> = Bound::new(1, 100);
+pub const INTERVAL_MS: Bound<u64> = Bound::new(&["gateway.health_check.interval_ms"], 100, 600_000);
+pub const TIMEOUT_MS: Bound<u64> = Bound::new(&["gateway.health_check.timeout_ms"], 1, 60_000);
+pub const CONSECUTIVE_OK: Bound<u64> = Bound::new(&["gateway.health_check.consecutive_ok"], 1, 100);
 
 pub fn validate(h: HealthCheckFile) -> Result<HealthCheckConfig, Invalid> {
     let at = "gateway.health_check";

@@ -21,6 +21,7 @@ pub struct ListenerConfig {
 
 /// A listener in its map form.
 #[derive(Debug, Deserialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ListenerFile {
     address: String,
@@ -35,6 +36,7 @@ impl From<String> for ListenerFile {
 }
 
 #[derive(Debug, Deserialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 struct ListenerTlsFile {
     /// PEM: the server certificate first, then any intermediates.

@@ -93,6 +93,7 @@ struct Document {
 
 /// The `gateway:` section as written by the operator.
 #[derive(Debug, Deserialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 struct GatewayFile {
     /// Client-facing listeners: one or a list, each `"ip:port"` (plain
@@ -165,10 +166,10 @@ fn default_read_timeout_ms() -> u64 {
     300_000
 }
 
-const EXCLUSION_SECS: Bound<u64> = Bound::new(1, 3600);
-const BODY_BYTES: Bound<u64> = Bound::new(1024, 1 << 30);
-const CONNECT_TIMEOUT_MS: Bound<u64> = Bound::new(1, 60_000);
-const READ_TIMEOUT_MS: Bound<u64> = Bound::new(1, 3_600_000);
+const EXCLUSION_SECS: Bound<u64> = Bound::new(&["gateway.failure_exclusion_secs"], 1, 3600);
+const BODY_BYTES: Bound<u64> = Bound::new(&["gateway.max_request_body_bytes"], 1024, 1 << 30);
+const CONNECT_TIMEOUT_MS: Bound<u64> = Bound::new(&["gateway.connect_timeout_ms"], 1, 60_000);
+const READ_TIMEOUT_MS: Bound<u64> = Bound::new(&["gateway.read_timeout_ms"], 1, 3_600_000);
 
 type Field = fn(&mut GatewayFile) -> &mut u64;
 
@@ -293,6 +294,8 @@ fn socket_addr(path: &str, value: &str) -> Result<SocketAddr, Invalid> {
         .map_err(|_| invalid(path, value, "not host:port (an IP address and a port)"))
 }
 
+#[cfg(test)]
+mod keys_tests;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]

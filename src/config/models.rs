@@ -14,6 +14,7 @@ use crate::field::{invalid, Invalid};
 use crate::routing::Policy;
 
 #[derive(Debug, Deserialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ModelFile {
     name: String,

@@ -8,6 +8,7 @@ use crate::routing::prefix::Head;
 use crate::routing::{Keyless, Policy};
 
 #[derive(Debug, Deserialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct RoutingFile {
     /// Bounded-load rendezvous: a keyed request skips a backend whose load
@@ -40,6 +41,7 @@ fn default_keyless_prefix_bytes() -> u64 {
 }
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 enum KeylessFile {
     #[default]
@@ -49,8 +51,16 @@ enum KeylessFile {
 }
 
 /// Above 1 (1 would forbid any imbalance), at most 10. Also a model's own.
-pub const BALANCE_FACTOR: Bound<f64> = Bound::above(1.0, 10.0);
-const KEYLESS_PREFIX_BYTES: Bound<u64> = Bound::new(1, 1 << 20);
+pub const BALANCE_FACTOR: Bound<f64> = Bound::above(
+    &[
+        "gateway.routing.balance_factor",
+        "gateway.models[].balance_factor",
+    ],
+    1.0,
+    10.0,
+);
+pub const KEYLESS_PREFIX_BYTES: Bound<u64> =
+    Bound::new(&["gateway.routing.keyless_prefix_bytes"], 1, 1 << 20);
 
 pub fn validate(at: &str, r: &RoutingFile) -> Result<Policy, Invalid> {
     Ok(Policy {

@@ -11,6 +11,7 @@ use crate::admission::Limits;
 use crate::field::{Bound, Invalid};
 
 #[derive(Debug, Deserialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct SchedulerFile {
     /// Requests in flight per backend: vLLM's `--max-num-seqs`. Default 4.
@@ -66,6 +67,7 @@ fn default_replicas() -> u64 {
 }
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Overflow {
     #[default]
@@ -74,11 +76,26 @@ pub enum Overflow {
 }
 
 /// Also a model's own `max_num_seqs` and `VLLM_MAX_NUM_SEQS`.
-pub const NUM_SEQS: Bound<u64> = Bound::new(1, 4096);
+pub const NUM_SEQS: Bound<u64> = Bound::new(
+    &[
+        "gateway.scheduler.max_num_seqs",
+        "gateway.models[].max_num_seqs",
+    ],
+    1,
+    4096,
+);
 /// Also a model's own `max_queue_depth` and `VLLM_MAX_QUEUE_DEPTH`.
-pub const QUEUE_DEPTH: Bound<u64> = Bound::new(0, 100_000);
-const REPLICAS: Bound<u64> = Bound::new(1, 64);
-const QUEUE_TIMEOUT_MS: Bound<u64> = Bound::new(1, 3_600_000);
+pub const QUEUE_DEPTH: Bound<u64> = Bound::new(
+    &[
+        "gateway.scheduler.max_queue_depth",
+        "gateway.models[].max_queue_depth",
+    ],
+    0,
+    100_000,
+);
+pub const REPLICAS: Bound<u64> = Bound::new(&["gateway.scheduler.replicas"], 1, 64);
+pub const QUEUE_TIMEOUT_MS: Bound<u64> =
+    Bound::new(&["gateway.scheduler.queue_timeout_ms"], 1, 3_600_000);
 
 /// Every backend's limits unless its model sets its own (before they are
 /// shared between replicas), and the replicas.

@@ -9,6 +9,7 @@ use crate::field::{invalid, Invalid};
 use crate::tls::material;
 
 #[derive(Debug, Default, Deserialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct UpstreamTlsFile {
     /// PEM CA certificates that backends' certificates must chain to.

@@ -8,6 +8,7 @@ use super::ms;
 use crate::field::{Bound, Invalid};
 
 #[derive(Debug, Deserialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct WarmupFile {
     /// Sleep before a warmup competes for a slot. Default 500.
@@ -39,7 +40,7 @@ pub struct WarmupConfig {
 }
 
 /// Also `WARMUP_DELAY_MS`.
-pub const DELAY_MS: Bound<u64> = Bound::new(0, 60_000);
+pub const DELAY_MS: Bound<u64> = Bound::new(&["gateway.warmup.delay_ms"], 0, 60_000);
 
 pub fn validate(w: WarmupFile) -> Result<WarmupConfig, Invalid> {
     Ok(WarmupConfig {

@@ -14,6 +14,7 @@ use crate::auth::jwt;
 use crate::field::{invalid, Bound, Invalid};
 
 #[derive(Debug, Deserialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct JwtFile {
     /// The `iss` a token must carry. Required.
@@ -55,6 +56,7 @@ fn default_jwks_refresh_secs() -> u64 {
 
 /// A string or a list of strings (`audience`).
 #[derive(Debug, Deserialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 #[serde(untagged)]
 enum OneOrMany {
     One(String),
@@ -80,8 +82,9 @@ pub enum JwksSource {
     },
 }
 
-const LEEWAY_SECS: Bound<u64> = Bound::new(0, 600);
-const JWKS_REFRESH_SECS: Bound<u64> = Bound::new(1, 86_400);
+pub const LEEWAY_SECS: Bound<u64> = Bound::new(&["gateway.auth.jwt.leeway_secs"], 0, 600);
+pub const JWKS_REFRESH_SECS: Bound<u64> =
+    Bound::new(&["gateway.auth.jwt.jwks_refresh_secs"], 1, 86_400);
 
 /// Reads `jwks_file` (a `jwks_url` is fetched later, by `main`).
 pub fn validate(j: JwtFile) -> Result<JwtConfig, Invalid> {
