@@ -16,7 +16,9 @@ use crate::auth::Reason;
 pub enum ApiError {
     #[error("{0}")]
     BadRequest(String),
-    #[error("a valid API key or token is required: Authorization: Bearer <credential> ({0})")]
+    #[error(
+        "a valid API key or token is required: Authorization: Bearer <credential>, or x-api-key: <credential> ({0})"
+    )]
     Unauthorized(Reason),
     #[error("request body is larger than the limit of {limit} bytes")]
     TooLarge { limit: usize },

@@ -13,6 +13,7 @@ pub mod discovery;
 pub mod errors;
 pub mod explain;
 pub mod failover;
+pub mod field;
 pub mod logging;
 pub mod metrics;
 pub mod pool;

@@ -4,6 +4,7 @@ mod support;
 
 mod accounting;
 mod admission;
+mod agent_apis;
 mod bad_input;
 mod balance;
 mod bodies;

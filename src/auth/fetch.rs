@@ -21,8 +21,8 @@ use pingora::services::background::BackgroundService;
 use pingora::upstreams::peer::HttpPeer;
 
 use super::jwks::{Fetch, Jwks, FETCH_TIMEOUT};
+use super::jwt::config::{JwksSource, JwtConfig};
 use super::jwt::Verifier;
-use crate::config::{JwksSource, JwtConfig};
 
 /// Largest JWKS accepted (a provider's holds a few keys, a few KiB).
 const MAX_JWKS_BYTES: usize = 1 << 20;

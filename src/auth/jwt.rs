@@ -7,6 +7,8 @@
 //! the configured asymmetric algorithms (so never `none` or HMAC, whatever
 //! the JWKS holds) or does not suit the key it names.
 
+pub mod config;
+
 use std::sync::Arc;
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;

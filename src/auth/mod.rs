@@ -13,6 +13,7 @@ pub mod jwt;
 #[cfg(test)]
 pub mod test_keys;
 
+use http::HeaderMap;
 use sha2::{Digest, Sha256};
 
 use jwt::Verifier;
@@ -21,7 +22,7 @@ use jwt::Verifier;
 /// `poimen_gateway_auth_failures_total{reason}`, a fixed set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reason {
-    /// No `Authorization: Bearer <credential>`.
+    /// No `Authorization: Bearer <credential>`, nor `x-api-key`.
     Missing,
     /// Not a JWT (nor, when API keys are configured too, a known key), or a
     /// JWT without a required claim.
@@ -73,14 +74,29 @@ impl std::fmt::Display for Reason {
     }
 }
 
-/// Check an `Authorization` header value against the API keys and the JWT
-/// verifier, whichever are configured (at least one).
+/// The header Anthropic's clients send their credential in.
+pub const X_API_KEY: &str = "x-api-key";
+
+/// The credential a request carries: `Authorization: Bearer <credential>`,
+/// else `x-api-key: <credential>` (what Anthropic's SDKs send).
+pub fn credential(headers: &HeaderMap) -> Option<&[u8]> {
+    let bearer = headers
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| bearer(v.as_bytes()));
+    bearer.or_else(|| {
+        let key = headers.get(X_API_KEY)?.as_bytes().trim_ascii();
+        (!key.is_empty()).then_some(key)
+    })
+}
+
+/// Check a request's credential against the API keys and the JWT verifier,
+/// whichever are configured (at least one).
 pub async fn authenticate(
     api_keys: Option<&ApiKeys>,
     jwt: Option<&Verifier>,
-    authorization: Option<&[u8]>,
+    credential: Option<&[u8]>,
 ) -> Result<(), Reason> {
-    let token = authorization.and_then(bearer).ok_or(Reason::Missing)?;
+    let token = credential.ok_or(Reason::Missing)?;
     if api_keys.is_some_and(|keys| keys.contains(token)) {
         return Ok(());
     }
@@ -164,7 +180,8 @@ mod tests {
     /// The verdict on `authorization` with API keys alone (nothing to
     /// await then).
     pub(crate) fn verdict(keys: &ApiKeys, authorization: Option<&[u8]>) -> Result<(), Reason> {
-        futures::executor::block_on(authenticate(Some(keys), None, authorization))
+        let credential = authorization.and_then(bearer);
+        futures::executor::block_on(authenticate(Some(keys), None, credential))
     }
 
     #[test]
@@ -189,6 +206,28 @@ mod tests {
         }
         assert_eq!(verdict(None), Err(Reason::Missing));
         assert_eq!(format!("{keys:?}"), "ApiKeys(2 keys)");
+    }
+
+    #[test]
+    fn a_bearer_first_else_an_x_api_key() {
+        let headers = |pairs: &[(&str, &str)]| {
+            let mut h = HeaderMap::new();
+            for (k, v) in pairs {
+                h.append(
+                    http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                    v.parse().unwrap(),
+                );
+            }
+            h
+        };
+        let cred = |pairs: &[(&str, &str)]| credential(&headers(pairs)).map(<[u8]>::to_vec);
+        assert_eq!(cred(&[("x-api-key", " k1 ")]), Some(b"k1".to_vec()));
+        let both = [("authorization", "Bearer b1"), ("x-api-key", "k1")];
+        assert_eq!(cred(&both), Some(b"b1".to_vec()));
+        let basic = [("authorization", "Basic b1"), ("x-api-key", "k1")];
+        assert_eq!(cred(&basic), Some(b"k1".to_vec()));
+        assert_eq!(cred(&[("x-api-key", "  ")]), None);
+        assert_eq!(cred(&[]), None);
     }
 
     #[test]

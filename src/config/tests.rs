@@ -1,4 +1,9 @@
+use std::net::SocketAddr;
+use std::time::Duration;
+
 use super::*;
+use crate::admission::{Fleet, Limits};
+use crate::routing::{Keyless, Policy};
 
 pub(super) fn err(yaml: &str) -> String {
     GatewayConfig::from_yaml(yaml).unwrap_err().to_string()

@@ -15,7 +15,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use resolver::Resolver;
-pub use service::{Discovery, Refresh};
+pub use service::Discovery;
 
 use crate::config::{BackendConfig, DiscoveryConfig, GatewayConfig, Target};
 use crate::tls::BackendTls;

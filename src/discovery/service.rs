@@ -1,23 +1,19 @@
 //! The Pingora glue: [`Discovery`] is a model's `ServiceDiscovery` (what
-//! its `Backends` runs in `update`), [`Refresh`] the background service that
-//! runs those updates every `discovery.refresh_secs`.
+//! its `Backends` runs in `update`; `pool::Refresh` runs those updates every
+//! `discovery.refresh_secs`).
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::sync::{Mutex, MutexGuard};
 
 use async_trait::async_trait;
 use log::{info, warn};
 use pingora::lb::discovery::ServiceDiscovery;
 use pingora::lb::Backend;
-use pingora::server::ShutdownWatch;
-use pingora::services::background::BackgroundService;
 
 use super::{lookup_round, Change, Entries};
 use crate::config::DiscoveryConfig;
 use crate::metrics;
-use crate::pool::ModelPool;
 
 /// One model's discovery: its entries, looked up again on every
 /// `discover` but the first.
@@ -26,7 +22,8 @@ pub struct Discovery {
     config: DiscoveryConfig,
     entries: Mutex<Entries>,
     /// The first `discover` hands over the set resolved at start, so the
-    /// pool is built before serving, without a second lookup.
+    /// pool is built before serving, without a second lookup and without
+    /// waiting (`ModelPool::first_update` relies on it).
     started: AtomicBool,
 }
 
@@ -108,36 +105,5 @@ impl ServiceDiscovery for Discovery {
             .collect();
         // No enablement of our own: every member is enabled.
         Ok((set, HashMap::new()))
-    }
-}
-
-/// Re-resolves the pools that use names, every `every`.
-pub struct Refresh {
-    pub pools: Vec<Arc<ModelPool>>,
-    pub every: Duration,
-}
-
-#[async_trait]
-impl BackgroundService for Refresh {
-    async fn start(&self, mut shutdown: ShutdownWatch) {
-        loop {
-            tokio::select! {
-                changed = shutdown.changed() => {
-                    if changed.is_err() || *shutdown.borrow() {
-                        return;
-                    }
-                }
-                () = tokio::time::sleep(self.every) => {
-                    // Side by side: a model whose DNS server is down (its
-                    // lookups wait out their deadline) delays no other.
-                    let mut rounds = tokio::task::JoinSet::new();
-                    for pool in &self.pools {
-                        let pool = pool.clone();
-                        rounds.spawn(async move { pool.refresh().await });
-                    }
-                    while rounds.join_next().await.is_some() {}
-                }
-            }
-        }
     }
 }

@@ -50,11 +50,11 @@ use crate::api::Api;
 use crate::auth::{self, jwt::Verifier, Reason};
 use crate::body;
 use crate::config::{GatewayConfig, JwksSource};
-use crate::discovery::{AtStart, Discovery, Refresh};
+use crate::discovery::{AtStart, Discovery};
 use crate::errors::{self, ApiError, Shape};
 use crate::failover::{self, Decision, Failure};
 use crate::metrics;
-use crate::pool::{Members, ModelPool};
+use crate::pool::{Members, ModelPool, Refresh};
 use crate::routing::owners;
 use crate::routing::{Candidate, Input, Owners};
 use crate::tls;
@@ -249,13 +249,7 @@ impl Gateway {
         if api_keys.is_none() && self.jwt.is_none() {
             return Ok(());
         }
-        let authorization = req.headers.get(http::header::AUTHORIZATION);
-        auth::authenticate(
-            api_keys,
-            self.jwt.as_ref(),
-            authorization.map(|v| v.as_bytes()),
-        )
-        .await
+        auth::authenticate(api_keys, self.jwt.as_ref(), auth::credential(&req.headers)).await
     }
 
     /// The service that re-resolves the models' DNS names, if any has one.
@@ -538,6 +532,7 @@ impl ProxyHttp for Gateway {
         headers::rewrite_upstream(upstream, warmup, self.config.warmup.vllm_priority)?;
         // The client's credentials are for the gateway, not for vLLM.
         upstream.remove_header(&http::header::AUTHORIZATION);
+        upstream.remove_header(auth::X_API_KEY);
         if let Some(key) = &self.config.upstream_api_key {
             upstream.insert_header(http::header::AUTHORIZATION, format!("Bearer {key}"))?;
         }

@@ -1,0 +1,166 @@
+//! `models`: each model's name, its backends (`address` or `addresses`,
+//! see `address`) and its own admission limits and balance factor.
+
+use std::collections::HashSet;
+
+use serde::Deserialize;
+
+use super::address::{self, AddressFile, BackendConfig, Target};
+use super::entries::Entry;
+use super::routing::BALANCE_FACTOR;
+use super::scheduler::{NUM_SEQS, QUEUE_DEPTH};
+use crate::admission::{Fleet, Limits};
+use crate::field::{invalid, Invalid};
+use crate::routing::Policy;
+
+#[derive(Debug, Deserialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ModelFile {
+    name: String,
+    /// A single backend (CAG-3 AC1 keeps this form working): `IP:port`, or
+    /// `name:port` for every address the name resolves to.
+    address: Option<String>,
+    /// Several backends, each a string or `{address, weight, tls, sni}`.
+    addresses: Option<Vec<Entry<AddressFile>>>,
+    /// Overrides `scheduler.max_num_seqs` for this model's backends.
+    max_num_seqs: Option<u64>,
+    /// Overrides `scheduler.max_queue_depth` for this model's backends.
+    max_queue_depth: Option<u64>,
+    /// Overrides `routing.balance_factor` for this model.
+    balance_factor: Option<f64>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ModelConfig {
+    pub name: String,
+    pub backends: Vec<BackendConfig>,
+    /// Admission limits of each of this model's backends.
+    pub limits: Limits,
+    /// How this model's requests are routed.
+    pub policy: Policy,
+    /// With `scheduler.load_feedback`: the backend's whole `max_num_seqs`
+    /// (before the split between replicas, the most slots its load reports
+    /// may lend this replica) and the replicas. None: off.
+    pub load_feedback: Option<Fleet>,
+}
+
+impl ModelConfig {
+    /// Whether any entry is a DNS name.
+    pub fn uses_names(&self) -> bool {
+        self.backends
+            .iter()
+            .any(|b| matches!(b.target, Target::Name { .. }))
+    }
+}
+
+const MAX_BACKENDS_PER_MODEL: usize = 256;
+
+/// At least one model, names unique; `limits` and `routing` apply where a
+/// model sets none of its own.
+pub fn validate(
+    models: Vec<ModelFile>,
+    limits: Limits,
+    replicas: usize,
+    load_feedback: bool,
+    routing: &Policy,
+) -> Result<Vec<ModelConfig>, Invalid> {
+    if models.is_empty() {
+        return Err(invalid("gateway.models", "[]", "needs at least one model"));
+    }
+    let mut names = HashSet::new();
+    let mut out = Vec::new();
+    for (i, m) in models.into_iter().enumerate() {
+        let path = format!("gateway.models[{i}]");
+        let model = validate_model(&path, m, limits, replicas, load_feedback, routing)?;
+        if !names.insert(model.name.clone()) {
+            return Err(invalid(
+                format!("{path}.name"),
+                &model.name,
+                "duplicate model name",
+            ));
+        }
+        out.push(model);
+    }
+    Ok(out)
+}
+
+fn validate_model(
+    path: &str,
+    m: ModelFile,
+    defaults: Limits,
+    replicas: usize,
+    load_feedback: bool,
+    routing: &Policy,
+) -> Result<ModelConfig, Invalid> {
+    if m.name.trim().is_empty() || m.name.chars().any(char::is_control) {
+        return Err(invalid(
+            format!("{path}.name"),
+            &m.name,
+            "must be a non-empty name without control characters",
+        ));
+    }
+    let entries: Vec<AddressFile> = match (m.address, m.addresses) {
+        (Some(_), Some(_)) => {
+            return Err(invalid(
+                path,
+                &m.name,
+                "set either `address` or `addresses`, not both",
+            ))
+        }
+        (None, None) => return Err(invalid(path, &m.name, "needs `address` or `addresses`")),
+        (Some(a), None) => vec![AddressFile::from(a)],
+        (None, Some(list)) => list.into_iter().map(|e| e.0).collect(),
+    };
+    let list_path = format!("{path}.addresses");
+    if entries.is_empty() {
+        return Err(invalid(list_path, "[]", "needs at least one address"));
+    }
+    if entries.len() > MAX_BACKENDS_PER_MODEL {
+        return Err(invalid(
+            list_path,
+            entries.len(),
+            &format!("at most {MAX_BACKENDS_PER_MODEL} backends per model"),
+        ));
+    }
+    let mut backends: Vec<BackendConfig> = Vec::new();
+    for (i, entry) in entries.iter().enumerate() {
+        let at = format!("{list_path}[{i}]");
+        let target = address::target(&at, &entry.address)?;
+        if backends.iter().any(|b| b.target == target) {
+            return Err(invalid(
+                at,
+                &entry.address,
+                "duplicate address in this model",
+            ));
+        }
+        backends.push(address::backend(at, entry, target)?);
+    }
+    let configured = Limits {
+        max_num_seqs: match m.max_num_seqs {
+            Some(n) => NUM_SEQS.check(&format!("{path}.max_num_seqs"), n)? as usize,
+            None => defaults.max_num_seqs,
+        },
+        max_queue_depth: match m.max_queue_depth {
+            Some(n) => QUEUE_DEPTH.check(&format!("{path}.max_queue_depth"), n)? as usize,
+            None => defaults.max_queue_depth,
+        },
+    };
+    // Divided here, once, after a model's own limits replaced the defaults,
+    // so both are shared alike.
+    let limits = configured.shared_by(replicas);
+    let mut policy = routing.clone();
+    if let Some(f) = m.balance_factor {
+        policy.balance_factor = Some(BALANCE_FACTOR.check(&format!("{path}.balance_factor"), f)?);
+    }
+    Ok(ModelConfig {
+        name: m.name,
+        backends,
+        limits,
+        policy,
+        load_feedback: load_feedback.then_some(Fleet {
+            ceiling: configured.max_num_seqs,
+            replicas,
+        }),
+    })
+}
