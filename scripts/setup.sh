@@ -2,8 +2,8 @@
 # Installs what building and testing poimen-gateway needs on a fresh Debian
 # machine with a Rust toolchain: cmake (Pingora builds zlib-ng with it), a C
 # toolchain, the CA certificates (default trust for TLS backends and JWKS
-# URLs), and the OpenAI Python SDK (a test streams through the gateway
-# with it). Idempotent: it installs only what is missing.
+# URLs), and the OpenAI and Anthropic Python SDKs (tests drive the gateway
+# with them). Idempotent: it installs only what is missing.
 set -euo pipefail
 
 need=()
@@ -19,9 +19,12 @@ if [ ${#need[@]} -gt 0 ]; then
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}"
 fi
-python3 -c 'import openai' 2>/dev/null ||
-  python3 -m pip install -q --disable-pip-version-check openai ||
-  python3 -m pip install -q --disable-pip-version-check --break-system-packages openai
+# The official SDKs the integration tests drive the gateway with.
+for sdk in openai anthropic; do
+  python3 -c "import $sdk" 2>/dev/null ||
+    python3 -m pip install -q --disable-pip-version-check "$sdk" ||
+    python3 -m pip install -q --disable-pip-version-check --break-system-packages "$sdk"
+done
 rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt
 rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy
 echo "setup: ok (cmake $(cmake --version | head -1 | awk '{print $3}'), $(cargo --version))"
