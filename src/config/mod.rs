@@ -10,7 +10,8 @@
 //! `deny_unknown_fields`, every default next to its field), its validated
 //! form, the ranges of its numbers and its checks: `listen`, `auth` (whose
 //! `jwt` is `crate::auth::jwt::config`'s), `upstream_tls`, `scheduler`,
-//! `routing`, `warmup`, `discovery`, `health_check` and `models` (each
+//! `routing`, `warmup`, `discovery`, `stored_responses`, `health_check` and
+//! `models` (each
 //! backend entry in `address`). This file holds the top level: its own
 //! fields, the environment overrides and loading.
 
@@ -23,6 +24,7 @@ mod listen;
 mod models;
 mod routing;
 mod scheduler;
+mod stored_responses;
 mod upstream_tls;
 mod warmup;
 
@@ -42,6 +44,7 @@ pub use health_check::HealthCheckConfig;
 pub use listen::ListenerConfig;
 pub use models::ModelConfig;
 pub use scheduler::Overflow;
+pub use stored_responses::StoredResponsesConfig;
 pub use warmup::WarmupConfig;
 
 /// The validated gateway configuration.
@@ -69,6 +72,7 @@ pub struct GatewayConfig {
     pub load_feedback: bool,
     pub warmup: WarmupConfig,
     pub discovery: DiscoveryConfig,
+    pub stored_responses: StoredResponsesConfig,
     pub models: Vec<ModelConfig>,
 }
 
@@ -141,6 +145,9 @@ struct GatewayFile {
     /// How backends given by DNS name are resolved.
     #[serde(default)]
     discovery: discovery::DiscoveryFile,
+    /// Which backend stored each Responses API response.
+    #[serde(default)]
+    stored_responses: stored_responses::StoredResponsesFile,
     models: Vec<models::ModelFile>,
 }
 
@@ -173,7 +180,8 @@ const READ_TIMEOUT_MS: Bound<u64> = Bound::new(&["gateway.read_timeout_ms"], 1, 
 
 type Field = fn(&mut GatewayFile) -> &mut u64;
 
-/// Environment variables that override the file (CAG-2), with the field
+/// Environment variables that override the file (the names the gateway this
+/// one replaces read), with the field
 /// each replaces and its range.
 const ENV_OVERRIDES: [(&str, Field, Bound<u64>); 3] = [
     (
@@ -270,6 +278,7 @@ fn validate(file: GatewayFile) -> Result<GatewayConfig, Invalid> {
         load_feedback: file.scheduler.load_feedback,
         warmup: warmup::validate(file.warmup)?,
         discovery: discovery::validate(file.discovery)?,
+        stored_responses: stored_responses::validate(file.stored_responses)?,
         models: models::validate(
             file.models,
             default_limits,

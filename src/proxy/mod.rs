@@ -230,7 +230,7 @@ impl Gateway {
         let lookup = stored::Lookup::new(
             Connector::new(Some(options)),
             config.upstream_api_key.as_deref(),
-            owners::DEFAULT_LOOKUP_TIMEOUT,
+            config.stored_responses.lookup_timeout,
         );
         let gateway = Gateway {
             config: Arc::new(config),
