@@ -2,14 +2,19 @@
 //! admission tries them, each with the [`Route`] it would be served under.
 //! Plain code: the proxy glue and admission never decide a route.
 //!
-//! The input is the [`Request`] (its affinity: a cache key, a derived key or
-//! none; whether it is a warmup; the backends it already failed on), the
-//! model's members (address, weight) and each member's [`Status`] now
-//! (excluded after a failure, requests in flight or queued here). The output's first candidate is
-//! the choice; the others are where `overflow: spill` goes when the choice
-//! has neither a slot nor a queue place.
+//! The proxy calls one entry point (`model.rs`): it builds a request's
+//! [`Input`] once (its affinity: a cache key, a key derived from the body or
+//! none; whether it is a warmup; the stored response it continues; the
+//! backends it failed on), asks [`Routing::route`] for the candidates among
+//! the model's current members, each in its [`Status`] now (excluded after
+//! a failure, requests in flight or queued here), and reports back through
+//! the [`Plan`] which candidate admitted it. The first candidate is the
+//! choice; the others are where `overflow: spill` goes when the choice has
+//! neither a slot nor a queue place.
 //!
-//! The policies are cases of [`Router::rank`]:
+//! The policies:
+//! - a stored response continued, retrieved or cancelled: its owner alone
+//!   (`owners.rs`), route `owner`, decided in [`Routing::route`];
 //! - a key: rendezvous ranking (`rendezvous.rs`), route `hash`;
 //! - no key, `keyless: prefix | system`: a key derived from the body
 //!   (`prefix.rs`), ranked the same way, route `prefix`;
@@ -24,15 +29,27 @@
 //! - the later candidates: route `spill`.
 //!
 //! To add a policy:
-//! 1. its configuration: the field in `config/file.rs` (`RoutingFile`,
-//!    documented, with its default), its check in `config/mod.rs`, its
-//!    field in [`Policy`];
-//! 2. its case in [`Router::rank`], with its code in a file beside this one
-//!    when it is more than a few lines;
-//! 3. a [`Route`] variant if requests it diverts are served under a name of
+//! 1. its configuration: the field in `config/routing.rs` (`RoutingFile`,
+//!    documented, with its default, its `Bound` if a number) and its row in
+//!    `conf/gateway.yaml` and `docs/configuration.md` (the key test fails
+//!    without them), its field in [`Policy`];
+//! 2. what it reads of a request: a field of [`Input`], set in
+//!    [`Routing::input`] (or passed there by the proxy, if it comes from a
+//!    header);
+//! 3. a stateless policy: its case in [`Router::rank`] (through
+//!    [`Request`]), with its code in a file beside this one when it is more
+//!    than a few lines; a stateful one: its state in [`Routing`] (one per
+//!    model; or shared by every model, as `owners.rs`, created in
+//!    `Gateway::new`), read in [`Routing::route`] and written in
+//!    [`Plan::admitted`] or in a method the proxy calls with what it saw
+//!    (as [`Routing::owner_found`]);
+//! 4. a [`Route`] variant if requests it diverts are served under a name of
 //!    their own (`X-Poimen-Route`, the `route` label of the request metrics
-//!    and the log line all follow from [`Route::as_str`]);
-//! 4. unit tests here, an integration test in `tests/routing.rs`, the README.
+//!    and the log line all follow from [`Route::as_str`]); an
+//!    [`Unroutable`] variant if it can refuse, turned into the client's
+//!    error in `proxy/admit.rs`;
+//! 5. unit tests beside it, an integration test in `tests/routing.rs` (or
+//!    a file of its own), its section in `docs/routing-and-admission.md`.
 
 mod bounded;
 mod model;
