@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 
 use crate::support::metrics::sample;
 use crate::support::sim::Sim;
-use crate::support::{client, header, Gateway};
+use crate::support::{client, header, FakeBackend, Gateway};
 
 /// Two sims behind a gateway deriving keys from the system messages.
 async fn setup() -> (Vec<Sim>, Gateway) {
@@ -104,4 +104,104 @@ async fn each_api_is_counted_as_the_backends_count_it_and_keeps_its_backend() {
         let missing = total(&text, "poimen_gateway_usage_missing_total", &addrs);
         assert_eq!(missing, 0.0, "{api}: every response's usage was read");
     }
+}
+
+/// A multipart form as an OpenAI SDK sends a transcription: the file first.
+fn transcription_form(model: &str) -> Vec<u8> {
+    let mut form = b"--b0undary\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\nContent-Type: audio/wav\r\n\r\nRIFF\x00\x01\xff".to_vec();
+    form.extend_from_slice(
+        b"\r\n--b0undary\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\n",
+    );
+    form.extend_from_slice(model.as_bytes());
+    form.extend_from_slice(b"\r\n--b0undary--\r\n");
+    form
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_rest_of_vllms_surface_is_routed_by_model() {
+    let (a, b) = (FakeBackend::start().await, FakeBackend::start().await);
+    let config = format!(
+        "  scheduler: {{max_num_seqs: 1, max_queue_depth: 0}}\n  models:\n    - {{name: a, address: \"{}\"}}\n    - {{name: b, address: \"{}\"}}\n",
+        a.addr, b.addr
+    );
+    let gw = Gateway::start(&config).await;
+    let post = |path: &str, content_type: &str, body: Vec<u8>| {
+        client()
+            .post(gw.url(path))
+            .header("content-type", content_type)
+            .body(body)
+            .send()
+    };
+    let form = transcription_form("b");
+    let resp = post(
+        "/v1/audio/transcriptions",
+        "multipart/form-data; boundary=b0undary",
+        form.clone(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(header(&resp, "x-poimen-backend"), b.addr.to_string());
+    let seen = b.seen().pop().unwrap();
+    assert_eq!(
+        (seen.path.as_str(), &seen.body[..]),
+        ("/v1/audio/transcriptions", &form[..])
+    );
+    let resp = post(
+        "/v1/audio/translations",
+        "multipart/form-data; boundary=other",
+        form,
+    )
+    .await
+    .unwrap();
+    assert_eq!(resp.status(), 400, "the boundary is not the body's");
+    for path in [
+        "/tokenize",
+        "/v1/messages/count_tokens",
+        "/v1/embeddings",
+        "/rerank",
+    ] {
+        let resp = post(
+            path,
+            "application/json",
+            br#"{"model":"a","prompt":"x"}"#.to_vec(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(resp.status(), 200, "{path}");
+        assert_eq!(a.seen().last().unwrap().path, path);
+    }
+    // Not vLLM's, or not a POST: the gateway's 404.
+    for path in ["/v1/unknown", "/invocations", "/v1/load_lora_adapter"] {
+        let resp = post(path, "application/json", br#"{"model":"a"}"#.to_vec())
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 404, "{path}");
+    }
+    // The tokenizer routes take no slot: with a's one slot held, a
+    // tokenize still passes while a completion is refused.
+    a.set_delay(std::time::Duration::from_millis(800));
+    let held = tokio::spawn(post(
+        "/v1/completions",
+        "application/json",
+        br#"{"model":"a","prompt":"x"}"#.to_vec(),
+    ));
+    crate::support::eventually("a's slot is taken", || async { a.inflight() == 1 }).await;
+    let full = post(
+        "/v1/completions",
+        "application/json",
+        br#"{"model":"a","prompt":"y"}"#.to_vec(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(full.status(), 503);
+    let tokenize = post(
+        "/tokenize",
+        "application/json",
+        br#"{"model":"a","prompt":"z"}"#.to_vec(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(tokenize.status(), 200);
+    assert_eq!(held.await.unwrap().unwrap().status(), 200);
 }

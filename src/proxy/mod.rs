@@ -46,7 +46,7 @@ use pingora::ErrorType;
 use crate::accounting::Tracker;
 use crate::admission::load_report;
 use crate::admission::Permit;
-use crate::api::Api;
+use crate::api::{Api, BodyFormat};
 use crate::auth::{self, jwt::Verifier, Reason};
 use crate::body;
 use crate::config::{GatewayConfig, JwksSource};
@@ -283,7 +283,14 @@ impl Gateway {
         let cache_key = headers::cache_key(req)?;
         let warmup = headers::is_warmup(req, api);
         let raw = body_reader::read_whole(session, self.config.max_request_body_bytes).await?;
-        let facts = body::inspect(&raw).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+        let facts = match api.body_format() {
+            BodyFormat::Json => body::inspect(&raw),
+            BodyFormat::Multipart => {
+                let content_type = session.req_header().headers.get(http::header::CONTENT_TYPE);
+                body::inspect_multipart(content_type.map_or(&[][..], |v| v.as_bytes()), &raw)
+            }
+        }
+        .map_err(|e| ApiError::BadRequest(e.to_string()))?;
         let pool = self
             .pools
             .get(facts.model.as_ref())

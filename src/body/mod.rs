@@ -4,6 +4,8 @@
 //! The body is parsed in full (the OpenAI SDKs put `"model"` after the
 //! messages) but nothing else is kept: other values are skipped, not built.
 
+mod multipart;
+
 use std::borrow::Cow;
 
 use serde::de::IgnoredAny;
@@ -17,6 +19,8 @@ pub enum BodyError {
     NoModel,
     #[error("\"model\" must be one non-empty string")]
     BadModel,
+    #[error("request body is not a multipart/form-data body with a boundary")]
+    NotMultipart,
 }
 
 #[derive(Deserialize)]
@@ -85,6 +89,19 @@ pub fn inspect(body: &[u8]) -> Result<Inspected<'_>, BodyError> {
             Some(IgnoredAnyOr::Value(id)) => Some(id),
             _ => None,
         },
+    })
+}
+
+/// The facts of a `multipart/form-data` body: its `model` field.
+pub fn inspect_multipart<'a>(
+    content_type: &[u8],
+    body: &'a [u8],
+) -> Result<Inspected<'a>, BodyError> {
+    Ok(Inspected {
+        model: multipart::model(content_type, body)?,
+        stream: false,
+        stream_options: false,
+        previous_response_id: None,
     })
 }
 
