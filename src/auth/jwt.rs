@@ -22,7 +22,7 @@ use super::Reason;
 
 /// What a valid token must be: the validated `gateway.auth.jwt`.
 #[derive(Debug, Clone)]
-pub struct Policy {
+pub struct TokenRules {
     pub issuer: String,
     /// A token is accepted when one of its `aud` values is one of these.
     pub audience: Vec<String>,
@@ -46,7 +46,7 @@ pub fn algorithm(name: &str) -> Option<Algorithm> {
 }
 
 /// Verify `token` with `keys` under `policy`.
-pub fn check(token: &str, keys: &KeySet, policy: &Policy) -> Result<(), Reason> {
+pub fn check(token: &str, keys: &KeySet, policy: &TokenRules) -> Result<(), Reason> {
     if token.len() > MAX_TOKEN_BYTES {
         return Err(Reason::Malformed);
     }
@@ -115,12 +115,12 @@ impl Header {
 
 /// The policy with its keys: what the proxy asks about each token.
 pub struct Verifier {
-    policy: Policy,
+    policy: TokenRules,
     jwks: Arc<Jwks>,
 }
 
 impl Verifier {
-    pub fn new(policy: Policy, jwks: Arc<Jwks>) -> Self {
+    pub fn new(policy: TokenRules, jwks: Arc<Jwks>) -> Self {
         Verifier { policy, jwks }
     }
 

@@ -16,7 +16,7 @@ pub struct Entry<M>(pub M);
 
 /// One entry or a list of entries (see `Entry`).
 #[derive(Debug)]
-pub struct Entries<M>(pub Vec<M>);
+pub struct OneOrMany<M>(pub Vec<M>);
 
 struct EntryVisitor<M>(PhantomData<M>);
 
@@ -42,9 +42,9 @@ impl<'de, M: Deserialize<'de> + From<String>> Deserialize<'de> for Entry<M> {
     }
 }
 
-struct EntriesVisitor<M>(PhantomData<M>);
+struct OneOrManyVisitor<M>(PhantomData<M>);
 
-impl<'de, M: Deserialize<'de> + From<String>> Visitor<'de> for EntriesVisitor<M> {
+impl<'de, M: Deserialize<'de> + From<String>> Visitor<'de> for OneOrManyVisitor<M> {
     type Value = Vec<M>;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
@@ -68,18 +68,19 @@ impl<'de, M: Deserialize<'de> + From<String>> Visitor<'de> for EntriesVisitor<M>
     }
 }
 
-impl<'de, M: Deserialize<'de> + From<String>> Deserialize<'de> for Entries<M> {
+impl<'de, M: Deserialize<'de> + From<String>> Deserialize<'de> for OneOrMany<M> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(EntriesVisitor(PhantomData)).map(Entries)
+        d.deserialize_any(OneOrManyVisitor(PhantomData))
+            .map(OneOrMany)
     }
 }
 
 /// For the key test: the list form, whose keys the one-entry shorthand
 /// shares (a key of an entry is `listen[].address` either way).
 #[cfg(test)]
-impl<M: schemars::JsonSchema> schemars::JsonSchema for Entries<M> {
+impl<M: schemars::JsonSchema> schemars::JsonSchema for OneOrMany<M> {
     fn schema_name() -> std::borrow::Cow<'static, str> {
-        format!("Entries_{}", M::schema_name()).into()
+        format!("OneOrMany_{}", M::schema_name()).into()
     }
 
     fn json_schema(g: &mut schemars::SchemaGenerator) -> schemars::Schema {

@@ -104,7 +104,7 @@ struct GatewayFile {
     /// HTTP) or `{address, tls: {cert_file, key_file}}`. Default
     /// `0.0.0.0:8080`.
     #[serde(default = "default_listen")]
-    listen: entries::Entries<listen::ListenerFile>,
+    listen: entries::OneOrMany<listen::ListenerFile>,
     /// Prometheus listener (Pingora's Prometheus service). Default `127.0.0.1:9091`.
     #[serde(default = "default_metrics_listen")]
     metrics_listen: String,
@@ -151,8 +151,8 @@ struct GatewayFile {
     models: Vec<models::ModelFile>,
 }
 
-fn default_listen() -> entries::Entries<listen::ListenerFile> {
-    entries::Entries(vec![listen::ListenerFile::from("0.0.0.0:8080".to_string())])
+fn default_listen() -> entries::OneOrMany<listen::ListenerFile> {
+    entries::OneOrMany(vec![listen::ListenerFile::from("0.0.0.0:8080".to_string())])
 }
 fn default_metrics_listen() -> String {
     "127.0.0.1:9091".into()

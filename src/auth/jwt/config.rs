@@ -1,5 +1,5 @@
 //! The `gateway.auth.jwt` section: its file format, its validated form
-//! ([`JwtConfig`]: the [`Policy`](super::Policy) and where the provider's
+//! ([`JwtConfig`]: the [`TokenRules`](super::TokenRules) and where the provider's
 //! keys come from) and its checks. It lives beside the policy, not in
 //! `config`, so `auth` depends on no configuration module: `config` takes
 //! this section whole.
@@ -65,7 +65,7 @@ enum OneOrMany {
 
 #[derive(Debug, Clone)]
 pub struct JwtConfig {
-    pub policy: jwt::Policy,
+    pub policy: jwt::TokenRules,
     pub jwks: JwksSource,
 }
 
@@ -165,7 +165,7 @@ pub fn validate(j: JwtFile) -> Result<JwtConfig, Invalid> {
         (None, None) => return Err(invalid(at, "(no keys)", "needs `jwks_file` or `jwks_url`")),
     };
     Ok(JwtConfig {
-        policy: jwt::Policy {
+        policy: jwt::TokenRules {
             issuer: j.issuer,
             audience,
             algorithms,

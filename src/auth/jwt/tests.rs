@@ -11,8 +11,8 @@ static RSA_2: LazyLock<TestKey> = LazyLock::new(|| TestKey::rsa("rsa-2"));
 static EC: LazyLock<TestKey> = LazyLock::new(|| TestKey::ec("ec-1"));
 static ED: LazyLock<TestKey> = LazyLock::new(|| TestKey::ed("ed-1"));
 
-pub(crate) fn policy() -> Policy {
-    Policy {
+pub(crate) fn policy() -> TokenRules {
+    TokenRules {
         issuer: test_keys::ISSUER.into(),
         audience: vec!["other".into(), test_keys::AUDIENCE.into()],
         algorithms: vec![Algorithm::RS256, Algorithm::ES256, Algorithm::EdDSA],
