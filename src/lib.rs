@@ -20,4 +20,5 @@ pub mod pool;
 pub mod proxy;
 pub mod routing;
 pub mod services;
+pub mod tenants;
 pub mod tls;

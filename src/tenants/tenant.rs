@@ -1,0 +1,118 @@
+//! One tenant's budget and the guard of an admitted request.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use super::bucket::Bucket;
+use super::{Limit, Limits, Refusal, IN_FLIGHT_RETRY};
+
+#[derive(Debug)]
+pub struct Tenant {
+    label: String,
+    limits: Limits,
+    state: Mutex<State>,
+}
+
+#[derive(Debug)]
+struct State {
+    in_flight: u32,
+    requests: Option<Bucket>,
+    tokens: Option<Bucket>,
+}
+
+impl Tenant {
+    pub(super) fn new(label: String, limits: Limits) -> Arc<Self> {
+        let state = State {
+            in_flight: 0,
+            requests: limits.requests_per_minute.map(|n| Bucket::full(n.into())),
+            tokens: limits.tokens_per_minute.map(Bucket::full),
+        };
+        Arc::new(Tenant {
+            label,
+            limits,
+            state: Mutex::new(state),
+        })
+    }
+
+    /// The tenant's name as metrics and logs show it: a listed or tracked
+    /// name, or [`super::OTHER`].
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    /// Admit a request at `now`, or refuse it taking nothing; see the
+    /// module doc for the order of the checks.
+    pub fn admit(self: &Arc<Self>, now: Instant) -> Result<InFlight, Refusal> {
+        if self.limits.is_unlimited() {
+            return Ok(InFlight { tenant: None });
+        }
+        let mut st = self.lock();
+        if self
+            .limits
+            .max_in_flight
+            .is_some_and(|max| st.in_flight >= max)
+        {
+            return Err(Refusal {
+                limit: Limit::MaxInFlight,
+                retry_after: IN_FLIGHT_RETRY,
+            });
+        }
+        if let Some(wait) = st.requests.as_mut().and_then(|b| b.wait(1, now)) {
+            return Err(Refusal {
+                limit: Limit::RequestsPerMinute,
+                retry_after: wait,
+            });
+        }
+        // Admitted while not in debt: the request's tokens are charged at
+        // its end.
+        if let Some(wait) = st.tokens.as_mut().and_then(|b| b.wait(0, now)) {
+            return Err(Refusal {
+                limit: Limit::TokensPerMinute,
+                retry_after: wait,
+            });
+        }
+        if let Some(b) = &mut st.requests {
+            b.take(1, now);
+        }
+        st.in_flight += 1;
+        Ok(InFlight {
+            tenant: Some(self.clone()),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Every critical section is a few field updates, consistent between
+        // statements: a panic elsewhere does not poison what they mean.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// An admitted request: holds its place in the tenant's `max_in_flight`
+/// until dropped.
+#[must_use = "dropping the guard ends the request's place in flight"]
+#[derive(Debug)]
+pub struct InFlight {
+    /// None for a tenant without limits: nothing to count or release.
+    tenant: Option<Arc<Tenant>>,
+}
+
+impl InFlight {
+    /// The request ended at `now` having used `tokens` (prompt + completion,
+    /// as vLLM reported them): charge them to `tokens_per_minute` and free
+    /// the place in flight.
+    pub fn charge(self, tokens: u64, now: Instant) {
+        if let Some(t) = &self.tenant {
+            if let Some(b) = &mut t.lock().tokens {
+                b.take(tokens, now);
+            }
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if let Some(t) = &self.tenant {
+            t.lock().in_flight -= 1;
+        }
+    }
+}
