@@ -25,6 +25,7 @@ mod models;
 mod routing;
 mod scheduler;
 mod stored_responses;
+mod tenants;
 mod upstream_tls;
 mod warmup;
 
@@ -45,6 +46,7 @@ pub use listen::ListenerConfig;
 pub use models::ModelConfig;
 pub use scheduler::Overflow;
 pub use stored_responses::StoredResponsesConfig;
+pub use tenants::{valid_name as valid_tenant_name, TenantConfig, TenantsConfig};
 pub use warmup::WarmupConfig;
 
 /// The validated gateway configuration.
@@ -73,6 +75,10 @@ pub struct GatewayConfig {
     pub warmup: WarmupConfig,
     pub discovery: DiscoveryConfig,
     pub stored_responses: StoredResponsesConfig,
+    pub tenants: TenantsConfig,
+    /// `scheduler.replicas`: each replica enforces its share of tenant
+    /// budgets.
+    pub replicas: usize,
     pub models: Vec<ModelConfig>,
 }
 
@@ -148,6 +154,9 @@ struct GatewayFile {
     /// Which backend stored each Responses API response.
     #[serde(default)]
     stored_responses: stored_responses::StoredResponsesFile,
+    /// Who shares the GPUs: weights and budgets per tenant.
+    #[serde(default)]
+    tenants: tenants::TenantsFile,
     models: Vec<models::ModelFile>,
 }
 
@@ -252,6 +261,8 @@ fn validate(file: GatewayFile) -> Result<GatewayConfig, Invalid> {
     let upstream_ca_file = upstream_tls::validate(file.upstream_tls)?;
     let (default_limits, replicas) = scheduler::limits(&file.scheduler)?;
     let routing = routing::validate("gateway.routing", &file.routing)?;
+    let authenticated = auth.api_keys.is_some() || auth.jwt.is_some();
+    let tenants = tenants::validate(file.tenants, authenticated)?;
     Ok(GatewayConfig {
         listen,
         metrics_listen,
@@ -279,6 +290,8 @@ fn validate(file: GatewayFile) -> Result<GatewayConfig, Invalid> {
         warmup: warmup::validate(file.warmup)?,
         discovery: discovery::validate(file.discovery)?,
         stored_responses: stored_responses::validate(file.stored_responses)?,
+        tenants,
+        replicas,
         models: models::validate(
             file.models,
             default_limits,

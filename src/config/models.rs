@@ -18,7 +18,7 @@ use crate::routing::Policy;
 #[serde(deny_unknown_fields)]
 pub struct ModelFile {
     name: String,
-    /// A single backend (CAG-3 AC1 keeps this form working): `IP:port`, or
+    /// A single backend (the form older files use): `IP:port`, or
     /// `name:port` for every address the name resolves to.
     address: Option<String>,
     /// Several backends, each a string or `{address, weight, tls, sni}`.

@@ -15,7 +15,7 @@ pub struct RoutingFile {
     /// (in flight + queued here) is at `ceil(f * (L + 1) * w / W)`.
     /// 1 < f <= 10. Default: off (pure rendezvous).
     balance_factor: Option<f64>,
-    /// Requests without `X-Poimen-Cache-Key`: `round_robin` (CAG-3 AC3),
+    /// Requests without `X-Poimen-Cache-Key`: `round_robin`,
     /// `prefix` (a key derived from the messages through the first user
     /// message) or `system` (from the messages before it). Default
     /// round_robin.

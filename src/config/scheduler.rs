@@ -1,4 +1,4 @@
-//! `scheduler`: per-backend admission (CAG-2): slots, queue places, the
+//! `scheduler`: per-backend admission: slots, queue places, the
 //! longest wait, what a full backend does, the replicas that share each
 //! backend and load feedback. The environment overrides the first two.
 
