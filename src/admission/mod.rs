@@ -2,20 +2,25 @@
 //! flight upstream, at most `max_queue_depth` waiting, and nothing more: the
 //! next request is refused at once, so no task piles up.
 //!
-//! Waiters are served agent requests first, then warmups, first-in first-out
-//! within each class. Every resource is a guard: a [`Permit`] frees its slot
-//! when dropped (handing it straight to the next waiter), a [`Ticket`] leaves
-//! the queue when dropped, so cancellation (a client gone, a timeout, an
-//! error) cannot leak a slot or a place.
+//! Waiters are served agent requests first, then warmups; within each class
+//! fairly between tenants by weight, first-in first-out within a tenant. A
+//! full queue gives the place of a tenant over its share to a tenant under
+//! it (see `fair`). With one tenant: first-in first-out within each class,
+//! and a full queue refuses.
+//!
+//! Every resource is a guard: a [`Permit`] frees its slot when dropped
+//! (handing it straight to the next waiter), a [`Ticket`] leaves the queue
+//! when dropped, so cancellation (a client gone, a timeout, an error) cannot
+//! leak a slot or a place.
 //!
 //! With `scheduler.load_feedback` the slot limit moves with the backend's
 //! load reports (see `feedback`): a lower limit takes effect as slots are
 //! freed (none is taken back), a higher one hands slots to waiters at once.
 
+mod fair;
 mod feedback;
 pub mod load_report;
 
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -23,6 +28,8 @@ use std::time::{Duration, Instant};
 use prometheus::IntGauge;
 use tokio::sync::oneshot;
 
+use fair::Line;
+pub use fair::{Tenant, MAX_WEIGHT};
 use feedback::Feedback;
 pub use feedback::Fleet;
 
@@ -34,6 +41,7 @@ pub enum Class {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum AdmitError {
+    /// Also when a tenant under its share took the place.
     #[error("every slot and queue place of the backend is taken")]
     QueueFull,
     #[error("waited longer than the queue timeout")]
@@ -74,23 +82,19 @@ pub struct Admission {
     gauges: Gauges,
 }
 
-struct Waiter {
-    id: u64,
-    tx: oneshot::Sender<Permit>,
-}
+/// Where a waiter's permit is sent; dropped unsent, its place was taken.
+type Waiter = oneshot::Sender<Permit>;
 
 struct State {
     running: usize,
-    agents: VecDeque<Waiter>,
-    warmups: VecDeque<Waiter>,
-    next_id: u64,
+    line: Line<Waiter>,
     /// With load feedback: the moving slot limit.
     feedback: Option<Feedback>,
 }
 
 impl State {
     fn queued(&self) -> usize {
-        self.agents.len() + self.warmups.len()
+        self.line.len()
     }
 
     fn slot_limit(&self, limits: Limits, now: Instant) -> usize {
@@ -98,11 +102,6 @@ impl State {
             Some(f) => f.limit(now),
             None => limits.max_num_seqs,
         }
-    }
-
-    /// The next waiter to be given a slot: agents first, then warmups.
-    fn next_waiter(&mut self) -> Option<Waiter> {
-        self.agents.pop_front().or_else(|| self.warmups.pop_front())
     }
 }
 
@@ -113,9 +112,7 @@ impl Admission {
     pub fn new(limits: Limits, feedback: Option<Fleet>, gauges: Gauges) -> Arc<Self> {
         let state = State {
             running: 0,
-            agents: VecDeque::new(),
-            warmups: VecDeque::new(),
-            next_id: 0,
+            line: Line::default(),
             feedback: feedback.map(|fleet| Feedback::new(limits.max_num_seqs, fleet)),
         };
         Arc::new(Admission {
@@ -167,9 +164,13 @@ impl Admission {
         self.send(granted);
     }
 
-    /// Take a slot if one is free, else a queue place if one is free, else
-    /// refuse. Never waits.
-    pub fn try_enter(self: &Arc<Self>, class: Class) -> Result<Ticket, AdmitError> {
+    /// Take a slot if one is free, else a queue place if one is free or
+    /// `tenant` may take one (see `fair`), else refuse. Never waits.
+    pub fn try_enter(
+        self: &Arc<Self>,
+        class: Class,
+        tenant: &Tenant,
+    ) -> Result<Ticket, AdmitError> {
         let now = Instant::now();
         let mut st = self.lock();
         // With feedback the limit may have risen since the last release (a
@@ -179,7 +180,7 @@ impl Admission {
         } else {
             Vec::new()
         };
-        let entered = self.enter(&mut st, class, now);
+        let entered = self.enter(&mut st, class, tenant, now);
         drop(st);
         self.send(granted);
         entered
@@ -189,24 +190,21 @@ impl Admission {
         self: &Arc<Self>,
         st: &mut State,
         class: Class,
+        tenant: &Tenant,
         now: Instant,
     ) -> Result<Ticket, AdmitError> {
-        if st.running < st.slot_limit(self.limits, now) && st.queued() == 0 {
+        if st.running < st.slot_limit(self.limits, now) && st.line.is_empty() {
             st.running += 1;
             self.publish(st);
             return Ok(Ticket::Ready(Permit::new(self)));
         }
-        if st.queued() >= self.limits.max_queue_depth {
-            return Err(AdmitError::QueueFull);
-        }
+        let displaced = st
+            .line
+            .make_room(class, tenant, self.limits.max_queue_depth)?;
+        // Its sender dropped, the displaced waiter is told `QueueFull`.
+        drop(displaced);
         let (tx, rx) = oneshot::channel();
-        let id = st.next_id;
-        st.next_id += 1;
-        let waiter = Waiter { id, tx };
-        match class {
-            Class::Agent => st.agents.push_back(waiter),
-            Class::Warmup => st.warmups.push_back(waiter),
-        }
+        let id = st.line.push(class, tenant, tx);
         self.publish(st);
         Ok(Ticket::Queued(Place {
             admission: self.clone(),
@@ -233,7 +231,7 @@ impl Admission {
         let next = {
             let mut st = self.lock();
             let over = st.running > st.slot_limit(self.limits, Instant::now());
-            let next = if over { None } else { st.next_waiter() };
+            let next = if over { None } else { st.line.pop() };
             if next.is_none() {
                 st.running -= 1;
             }
@@ -243,7 +241,7 @@ impl Admission {
         // Outside the lock: if the waiter is gone, the returned permit is
         // dropped here and releases again.
         if let Some(w) = next {
-            let _ = w.tx.send(Permit::new(self));
+            let _ = w.send(Permit::new(self));
         }
     }
 
@@ -251,7 +249,7 @@ impl Admission {
     fn grant(&self, st: &mut State, now: Instant) -> Vec<Waiter> {
         let mut granted = Vec::new();
         while st.running < st.slot_limit(self.limits, now) {
-            let Some(w) = st.next_waiter() else {
+            let Some(w) = st.line.pop() else {
                 break;
             };
             st.running += 1;
@@ -264,17 +262,15 @@ impl Admission {
     /// Outside the lock: send each granted waiter its permit.
     fn send(self: &Arc<Self>, granted: Vec<Waiter>) {
         for w in granted {
-            let _ = w.tx.send(Permit::new(self));
+            let _ = w.send(Permit::new(self));
         }
     }
 
-    /// Leave the queue; false if the place was already granted a slot.
+    /// Leave the queue; false if the place was already granted a slot (or
+    /// taken).
     fn leave(&self, id: u64) -> bool {
         let mut st = self.lock();
-        let before = st.queued();
-        st.agents.retain(|w| w.id != id);
-        st.warmups.retain(|w| w.id != id);
-        let left = st.queued() < before;
+        let left = st.line.remove(id);
         self.publish(&st);
         left
     }
@@ -320,8 +316,8 @@ impl Ticket {
             Ticket::Queued(mut place) => {
                 match tokio::time::timeout(timeout, &mut place.rx).await {
                     Ok(Ok(permit)) => Ok(permit),
-                    // The sender is only dropped with the permit sent.
-                    Ok(Err(_)) => Err(AdmitError::QueueTimeout),
+                    // Dropped unsent: another request took the place.
+                    Ok(Err(_)) => Err(AdmitError::QueueFull),
                     Err(_) => {
                         if place.admission.leave(place.id) {
                             Err(AdmitError::QueueTimeout)
@@ -344,5 +340,7 @@ impl Drop for Place {
     }
 }
 
+#[cfg(test)]
+mod fair_tests;
 #[cfg(test)]
 mod tests;

@@ -3,7 +3,7 @@
 //! first that has room.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Instant;
 
 use log::warn;
@@ -11,12 +11,16 @@ use pingora::proxy::Session;
 
 use super::respond::{until_client_leaves, Stop};
 use super::{stored, Attempt, Gateway};
-use crate::admission::{AdmitError, Class};
+use crate::admission::{AdmitError, Class, Tenant};
 use crate::config::Overflow;
 use crate::errors::ApiError;
 use crate::metrics;
 use crate::pool::{Members, ModelPool};
 use crate::routing::{Input, Unroutable};
+
+/// Until requests name their tenant, all are one tenant's: admission as
+/// before tenants.
+static ANYONE: LazyLock<Tenant> = LazyLock::new(|| Tenant::new("", 1));
 
 impl Gateway {
     /// A warmup sleeps before it competes for a slot, holding
@@ -71,7 +75,7 @@ impl Gateway {
             Overflow::Reject => 1,
         };
         let entered = plan.candidates.iter().take(tries).find_map(|c| {
-            let ticket = members.admission(&c.addr)?.try_enter(class).ok()?;
+            let ticket = members.admission(&c.addr)?.try_enter(class, &ANYONE).ok()?;
             Some((*c, ticket))
         });
         let Some((candidate, ticket)) = entered else {
