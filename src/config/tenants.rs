@@ -5,9 +5,9 @@
 use serde::Deserialize;
 
 use crate::field::{invalid, Bound, Invalid};
-use crate::tenants::Limits;
+use crate::tenants::{Limits, Spec};
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Deserialize)]
 #[cfg_attr(test, derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct TenantsFile {
@@ -30,6 +30,17 @@ pub struct TenantsFile {
     max_tracked: u64,
 }
 
+impl Default for TenantsFile {
+    fn default() -> Self {
+        TenantsFile {
+            defaults: TenantFields::default(),
+            list: Vec::new(),
+            header: None,
+            max_tracked: default_max_tracked(),
+        }
+    }
+}
+
 fn default_max_tracked() -> u64 {
     crate::tenants::DEFAULT_MAX_TRACKED as u64
 }
@@ -46,12 +57,13 @@ struct TenantFile {
 
 /// A tenant's weight and budgets. Unknown keys are collected and refused by
 /// `validate` (serde cannot deny them itself beside a flattened struct).
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Deserialize)]
 #[cfg_attr(test, derive(schemars::JsonSchema))]
 struct TenantFields {
     /// Share of each backend's slots and queue places against the other
     /// tenants waiting there. Default 1.
-    weight: Option<u64>,
+    #[serde(default = "default_weight")]
+    weight: u64,
     /// Requests holding a slot or a queue place at once, all backends.
     /// Default none (no limit).
     max_in_flight: Option<u64>,
@@ -66,18 +78,29 @@ struct TenantFields {
     unknown: std::collections::BTreeMap<String, serde::de::IgnoredAny>,
 }
 
-/// One tenant's weight and budgets (before they are shared by replicas).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TenantConfig {
-    pub weight: u32,
-    pub limits: Limits,
+impl Default for TenantFields {
+    fn default() -> Self {
+        TenantFields {
+            weight: default_weight(),
+            max_in_flight: None,
+            requests_per_minute: None,
+            tokens_per_minute: None,
+            unknown: Default::default(),
+        }
+    }
+}
+
+fn default_weight() -> u64 {
+    1
 }
 
 #[derive(Debug, Clone)]
 pub struct TenantsConfig {
-    pub defaults: TenantConfig,
+    /// Every unlisted tenant's weight and budgets (before they are shared
+    /// by replicas).
+    pub defaults: Spec,
     /// Listed tenants, by name, in file order.
-    pub list: Vec<(String, TenantConfig)>,
+    pub list: Vec<(String, Spec)>,
     pub header: Option<http::HeaderName>,
     pub max_tracked: usize,
 }
@@ -85,10 +108,7 @@ pub struct TenantsConfig {
 impl Default for TenantsConfig {
     fn default() -> Self {
         TenantsConfig {
-            defaults: TenantConfig {
-                weight: 1,
-                limits: Limits::default(),
-            },
+            defaults: Spec::default(),
             list: Vec::new(),
             header: None,
             max_tracked: crate::tenants::DEFAULT_MAX_TRACKED,
@@ -99,7 +119,7 @@ impl Default for TenantsConfig {
 pub const WEIGHT: Bound<u64> = Bound::new(
     &["gateway.tenants.defaults.weight", "gateway.tenants.list[].weight"],
     1,
-    1000,
+    crate::admission::MAX_WEIGHT as u64,
 );
 pub const MAX_IN_FLIGHT: Bound<u64> = Bound::new(
     &["gateway.tenants.defaults.max_in_flight", "gateway.tenants.list[].max_in_flight"],
@@ -129,7 +149,7 @@ pub fn valid_name(name: &str) -> bool {
 /// `authenticated`: `auth` names the tenants, so a header is not trusted.
 pub fn validate(t: TenantsFile, authenticated: bool) -> Result<TenantsConfig, Invalid> {
     let defaults = fields("gateway.tenants.defaults", t.defaults)?;
-    let mut list: Vec<(String, TenantConfig)> = Vec::new();
+    let mut list: Vec<(String, Spec)> = Vec::new();
     for (i, tenant) in t.list.into_iter().enumerate() {
         let at = format!("gateway.tenants.list[{i}]");
         let name = tenant.name;
@@ -161,14 +181,14 @@ pub fn validate(t: TenantsFile, authenticated: bool) -> Result<TenantsConfig, In
     })
 }
 
-fn fields(at: &str, f: TenantFields) -> Result<TenantConfig, Invalid> {
+fn fields(at: &str, f: TenantFields) -> Result<Spec, Invalid> {
     let key = |k: &str| format!("{at}.{k}");
     if let Some(unknown) = f.unknown.keys().next() {
         return Err(invalid(key(unknown), "(set)", "unknown field"));
     }
     let opt = |bound: Bound<u64>, k: &str, v: Option<u64>| v.map(|v| bound.check(&key(k), v)).transpose();
-    Ok(TenantConfig {
-        weight: WEIGHT.check(&key("weight"), f.weight.unwrap_or(1))? as u32,
+    Ok(Spec {
+        weight: WEIGHT.check(&key("weight"), f.weight)? as u32,
         limits: Limits {
             max_in_flight: opt(MAX_IN_FLIGHT, "max_in_flight", f.max_in_flight)?.map(|v| v as u32),
             requests_per_minute: opt(REQUESTS_PER_MINUTE, "requests_per_minute", f.requests_per_minute)?

@@ -47,6 +47,23 @@ use std::time::Duration;
 pub use registry::{Lookup, ReservedName, Tenants, DEFAULT_MAX_TRACKED, OTHER};
 pub use tenant::{InFlight, Tenant};
 
+/// A tenant's weight (its share of each backend's slots and queue places,
+/// `admission::Tenant`) and its budgets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Spec {
+    pub weight: u32,
+    pub limits: Limits,
+}
+
+impl Default for Spec {
+    fn default() -> Self {
+        Spec {
+            weight: 1,
+            limits: Limits::default(),
+        }
+    }
+}
+
 /// A tenant's limits, each None for no limit. A limit of 0 refuses every
 /// request (the config should reject it).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

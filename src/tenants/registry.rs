@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
-use super::{Limits, Tenant};
+use super::{Spec, Tenant};
 
 /// How many unlisted names get a budget (and a metric label) of their own.
 pub const DEFAULT_MAX_TRACKED: usize = 100;
@@ -21,7 +21,8 @@ pub struct ReservedName;
 pub struct Tenants {
     /// Fixed at start, so read without a lock.
     listed: HashMap<String, Arc<Tenant>>,
-    unlisted_limits: Limits,
+    /// Every unlisted name's, shared by replicas.
+    unlisted: Spec,
     max_tracked: usize,
     /// Only grows, to `max_tracked`: written once per new name, else read.
     tracked: RwLock<HashMap<String, Arc<Tenant>>>,
@@ -39,32 +40,36 @@ pub struct Lookup {
 }
 
 impl Tenants {
-    /// `listed`: each tenant's own limits; `unlisted`: the limits of every
-    /// other name (each tracked name, and [`OTHER`] as a whole). All are
-    /// divided between `replicas` (at least 1, see [`Limits::shared_by`]).
+    /// `listed`: each tenant's own weight and limits; `unlisted`: those of
+    /// every other name (each tracked name, and [`OTHER`] as a whole). The
+    /// limits are divided between `replicas` (at least 1, see
+    /// [`super::Limits::shared_by`]).
     pub fn new(
-        listed: HashMap<String, Limits>,
-        unlisted: Limits,
+        listed: HashMap<String, Spec>,
+        unlisted: Spec,
         max_tracked: usize,
         replicas: usize,
     ) -> Result<Self, ReservedName> {
         if listed.contains_key(OTHER) {
             return Err(ReservedName);
         }
-        let unlisted_limits = unlisted.shared_by(replicas);
+        let unlisted = Spec {
+            limits: unlisted.limits.shared_by(replicas),
+            ..unlisted
+        };
         let listed = listed
             .into_iter()
-            .map(|(name, limits)| {
-                let tenant = Tenant::new(name.clone(), limits.shared_by(replicas));
+            .map(|(name, spec)| {
+                let tenant = Tenant::new(&name, spec.limits.shared_by(replicas), spec.weight);
                 (name, tenant)
             })
             .collect();
         Ok(Tenants {
             listed,
-            unlisted_limits,
+            unlisted,
             max_tracked,
             tracked: RwLock::default(),
-            other: Tenant::new(OTHER.to_owned(), unlisted_limits),
+            other: Tenant::new(OTHER, unlisted.limits, unlisted.weight),
             overflowed: AtomicBool::new(false),
         })
     }
@@ -92,7 +97,7 @@ impl Tenants {
         if let Some(lookup) = self.tracked_or_full(&tracked, name) {
             return lookup;
         }
-        let tenant = Tenant::new(name.to_owned(), self.unlisted_limits);
+        let tenant = Tenant::new(name, self.unlisted.limits, self.unlisted.weight);
         tracked.insert(name.to_owned(), tenant.clone());
         found(&tenant)
     }

@@ -4,12 +4,15 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use super::bucket::Bucket;
+use crate::admission;
 use super::{Limit, Limits, Refusal, IN_FLIGHT_RETRY};
 
 #[derive(Debug)]
 pub struct Tenant {
-    label: String,
+    label: Arc<str>,
     limits: Limits,
+    /// Who it is to each backend's fair admission, with its weight.
+    share: admission::Tenant,
     state: Mutex<State>,
 }
 
@@ -21,13 +24,15 @@ struct State {
 }
 
 impl Tenant {
-    pub(super) fn new(label: String, limits: Limits) -> Arc<Self> {
+    pub(super) fn new(label: &str, limits: Limits, weight: u32) -> Arc<Self> {
+        let label: Arc<str> = label.into();
         let state = State {
             in_flight: 0,
             requests: limits.requests_per_minute.map(|n| Bucket::full(n.into())),
             tokens: limits.tokens_per_minute.map(Bucket::full),
         };
         Arc::new(Tenant {
+            share: admission::Tenant::new(label.clone(), weight),
             label,
             limits,
             state: Mutex::new(state),
@@ -38,6 +43,11 @@ impl Tenant {
     /// name, or [`super::OTHER`].
     pub fn label(&self) -> &str {
         &self.label
+    }
+
+    /// The tenant as each backend's fair admission knows it.
+    pub fn share(&self) -> &admission::Tenant {
+        &self.share
     }
 
     /// Admit a request at `now`, or refuse it taking nothing; see the

@@ -13,8 +13,12 @@ fn tenant(limits: Limits) -> Arc<Tenant> {
 
 /// One listed tenant `t`, unlisted names unlimited.
 fn tenants(limits: Limits, replicas: usize) -> Tenants {
-    let listed = HashMap::from([("t".to_owned(), limits)]);
-    Tenants::new(listed, Limits::default(), DEFAULT_MAX_TRACKED, replicas).unwrap()
+    let listed = HashMap::from([("t".to_owned(), spec(limits))]);
+    Tenants::new(listed, Spec::default(), DEFAULT_MAX_TRACKED, replicas).unwrap()
+}
+
+fn spec(limits: Limits) -> Spec {
+    Spec { weight: 1, limits }
 }
 
 fn rpm(n: u32) -> Limits {
@@ -173,8 +177,8 @@ fn replicas_share_each_limit_rounding_up() {
 
 #[test]
 fn unlisted_names_are_bounded_and_overflow_to_other_once() {
-    let listed = HashMap::from([("alice".to_owned(), rpm(10))]);
-    let reg = Tenants::new(listed, rpm(5), DEFAULT_MAX_TRACKED, 1).unwrap();
+    let listed = HashMap::from([("alice".to_owned(), Spec { weight: 3, limits: rpm(10) })]);
+    let reg = Tenants::new(listed, spec(rpm(5)), DEFAULT_MAX_TRACKED, 1).unwrap();
     for i in 0..DEFAULT_MAX_TRACKED {
         let name = format!("user{i}");
         let l = reg.get(&name);
@@ -206,8 +210,8 @@ fn unlisted_names_are_bounded_and_overflow_to_other_once() {
 
 #[test]
 fn other_is_reserved() {
-    let listed = HashMap::from([(OTHER.to_owned(), Limits::default())]);
-    let err = Tenants::new(listed, Limits::default(), DEFAULT_MAX_TRACKED, 1).unwrap_err();
+    let listed = HashMap::from([(OTHER.to_owned(), Spec::default())]);
+    let err = Tenants::new(listed, Spec::default(), DEFAULT_MAX_TRACKED, 1).unwrap_err();
     assert_eq!(err, ReservedName);
 }
 
