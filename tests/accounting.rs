@@ -1,11 +1,10 @@
 //! Prefix-cache accounting: header, body usage, SSE usage, a usage chunk the
 //! gateway asked for and hid, and none at all; exact counters and log lines.
 
-use std::io::Write;
 use std::time::Duration;
 
 use crate::support::gateway::one_model;
-use crate::support::{client, FakeBackend, Gateway, Reply};
+use crate::support::{client, sdk, FakeBackend, Gateway, Reply};
 
 const USAGE: &str = r#"{"prompt_tokens":651,"total_tokens":667,"completion_tokens":16,"prompt_tokens_details":{"cached_tokens":512}}"#;
 
@@ -242,54 +241,18 @@ async fn without_usage_the_cached_count_is_unknown_not_zero() {
     assert_counters(&gw, &b, (0.0, 0.0, 4.0)).await;
 }
 
-/// Whether `python3` can import the OpenAI SDK. Without it the test is
-/// skipped, so that `cargo test` runs everywhere, except under CI (`CI` set),
-/// where scripts/setup.sh installs the SDK and a skip would hide a failure.
-async fn openai_sdk_available() -> bool {
-    let import = tokio::process::Command::new("python3")
-        .args(["-c", "import openai"])
-        .output()
-        .await;
-    let why = match import {
-        Ok(out) if out.status.success() => return true,
-        Ok(out) => String::from_utf8_lossy(&out.stderr).into_owned(),
-        Err(e) => format!("python3: {e}"),
-    };
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "CI is set and the OpenAI Python SDK cannot be imported (bash scripts/setup.sh installs it):\n{why}"
-    );
-    // Written past the test harness's capture, so that a plain `cargo test`
-    // shows the skip.
-    let _ = writeln!(
-        std::io::stderr(),
-        "skipped the_openai_python_sdk_reads_both_kinds_of_stream: the OpenAI Python SDK cannot be imported (bash scripts/setup.sh installs it):\n{why}"
-    );
-    false
-}
-
 /// The official OpenAI Python SDK (installed by scripts/setup.sh) reads the
 /// stream the gateway passes on, with and without usage asked for.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_openai_python_sdk_reads_both_kinds_of_stream() {
-    if !openai_sdk_available().await {
+    if !sdk::sdk_available("openai").await {
         return;
     }
     let b = streaming_backend().await;
     let gw = Gateway::start(&one_model("m", &[b.addr])).await;
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sdk/openai_stream.py");
+    let base = format!("http://{}", gw.addr);
     for (mode, chunks) in [("plain", 3), ("usage", 4)] {
-        let out = tokio::process::Command::new("python3")
-            .args([script, &format!("http://{}", gw.addr), "m", mode])
-            .output()
-            .await
-            .expect("python3 runs");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let v = sdk::run("openai_stream.py", &[&base, "m", mode]).await;
         assert_eq!(v["content"], "t0t1t2", "{mode}");
         assert_eq!(v["chunks"], chunks, "{mode}");
         let usages = v["usage"].as_array().unwrap();

@@ -20,5 +20,6 @@ mod operations;
 mod reload;
 mod responses;
 mod routing;
+mod sdk_agents;
 mod streaming;
 mod tls;

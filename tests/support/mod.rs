@@ -8,6 +8,7 @@ pub mod dns;
 pub mod gateway;
 pub mod metrics;
 pub mod ports;
+pub mod sdk;
 pub mod sim;
 /// The unit tests' key maker, shared.
 #[path = "../../src/auth/test_keys.rs"]

@@ -23,9 +23,15 @@ fn sim_bin() -> PathBuf {
 impl Sim {
     /// A sim serving `model`, its delays scaled to nothing, with `args`.
     pub fn start(model: &str, args: &[&str]) -> Sim {
+        Sim::start_scaled(model, "0", args)
+    }
+
+    /// A sim whose delays (`--decode-us-per-token`...) are multiplied by
+    /// `time_scale`: "1" takes them as given.
+    pub fn start_scaled(model: &str, time_scale: &str, args: &[&str]) -> Sim {
         let mut child = Command::new(sim_bin())
             .args(["--listen", "127.0.0.1:0", "--model", model])
-            .args(["--time-scale", "0"])
+            .args(["--time-scale", time_scale])
             .args(args)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
