@@ -160,10 +160,7 @@ async fn openai_sdk_chains_stay_on_the_backend_that_stored_them() {
         r["cancel"]["body"]["message"],
         "Cannot cancel a synchronous response."
     );
-    // GATEWAY BUG (reported, fails until fixed): a retrieve or cancel of a
-    // known response counts 2 lookups, not 1 (20 here): `prepare_stored`
-    // counts one in `stored_owner`, then `admit` counts "known" again for
-    // the same request (src/proxy/admit.rs, `input.stored().is_some()`).
+    // One lookup each for the retrieve and the cancel.
     settles(&gw, LOOKUPS, &known, 18.0).await;
 }
 

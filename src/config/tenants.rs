@@ -117,22 +117,34 @@ impl Default for TenantsConfig {
 }
 
 pub const WEIGHT: Bound<u64> = Bound::new(
-    &["gateway.tenants.defaults.weight", "gateway.tenants.list[].weight"],
+    &[
+        "gateway.tenants.defaults.weight",
+        "gateway.tenants.list[].weight",
+    ],
     1,
     crate::admission::MAX_WEIGHT as u64,
 );
 pub const MAX_IN_FLIGHT: Bound<u64> = Bound::new(
-    &["gateway.tenants.defaults.max_in_flight", "gateway.tenants.list[].max_in_flight"],
+    &[
+        "gateway.tenants.defaults.max_in_flight",
+        "gateway.tenants.list[].max_in_flight",
+    ],
     1,
     1_000_000,
 );
 pub const REQUESTS_PER_MINUTE: Bound<u64> = Bound::new(
-    &["gateway.tenants.defaults.requests_per_minute", "gateway.tenants.list[].requests_per_minute"],
+    &[
+        "gateway.tenants.defaults.requests_per_minute",
+        "gateway.tenants.list[].requests_per_minute",
+    ],
     1,
     100_000_000,
 );
 pub const TOKENS_PER_MINUTE: Bound<u64> = Bound::new(
-    &["gateway.tenants.defaults.tokens_per_minute", "gateway.tenants.list[].tokens_per_minute"],
+    &[
+        "gateway.tenants.defaults.tokens_per_minute",
+        "gateway.tenants.list[].tokens_per_minute",
+    ],
     1,
     1_000_000_000_000,
 );
@@ -186,13 +198,18 @@ fn fields(at: &str, f: TenantFields) -> Result<Spec, Invalid> {
     if let Some(unknown) = f.unknown.keys().next() {
         return Err(invalid(key(unknown), "(set)", "unknown field"));
     }
-    let opt = |bound: Bound<u64>, k: &str, v: Option<u64>| v.map(|v| bound.check(&key(k), v)).transpose();
+    let opt =
+        |bound: Bound<u64>, k: &str, v: Option<u64>| v.map(|v| bound.check(&key(k), v)).transpose();
     Ok(Spec {
         weight: WEIGHT.check(&key("weight"), f.weight)? as u32,
         limits: Limits {
             max_in_flight: opt(MAX_IN_FLIGHT, "max_in_flight", f.max_in_flight)?.map(|v| v as u32),
-            requests_per_minute: opt(REQUESTS_PER_MINUTE, "requests_per_minute", f.requests_per_minute)?
-                .map(|v| v as u32),
+            requests_per_minute: opt(
+                REQUESTS_PER_MINUTE,
+                "requests_per_minute",
+                f.requests_per_minute,
+            )?
+            .map(|v| v as u32),
             tokens_per_minute: opt(TOKENS_PER_MINUTE, "tokens_per_minute", f.tokens_per_minute)?,
         },
     })
@@ -222,15 +239,23 @@ mod tests {
     #[test]
     fn mistakes_name_the_field() {
         let err = |yaml: &str| parse(yaml).unwrap_err();
-        assert!(err("list: [{name: a, wieght: 3}]").contains("wieght"), "{}", err("list: [{name: a, wieght: 3}]"));
+        assert!(
+            err("list: [{name: a, wieght: 3}]").contains("wieght"),
+            "{}",
+            err("list: [{name: a, wieght: 3}]")
+        );
         assert!(err("defaults: {name: a}").contains("name"));
         assert!(err("list: [{name: a}, {name: a}]").contains("gateway.tenants.list[1].name"));
         assert!(err("list: [{name: \"a b\"}]").contains("gateway.tenants.list[0].name"));
         assert!(err("list: [{name: other}]").contains("not `other`"));
         assert!(err("list: [{name: a, weight: 0}]").contains("gateway.tenants.list[0].weight"));
-        assert!(err("defaults: {tokens_per_minute: 0}").contains("gateway.tenants.defaults.tokens_per_minute"));
+        assert!(err("defaults: {tokens_per_minute: 0}")
+            .contains("gateway.tenants.defaults.tokens_per_minute"));
         assert!(err("header: \"bad header\"").contains("gateway.tenants.header"));
         let file: TenantsFile = serde_yaml::from_str("header: X-Tenant").unwrap();
-        assert!(validate(file, true).unwrap_err().to_string().contains("only without auth"));
+        assert!(validate(file, true)
+            .unwrap_err()
+            .to_string()
+            .contains("only without auth"));
     }
 }

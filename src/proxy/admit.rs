@@ -12,6 +12,7 @@ use pingora::proxy::Session;
 use super::respond::{until_client_leaves, Stop};
 use super::{stored, Attempt, Gateway};
 use crate::admission::{AdmitError, Class, Tenant};
+use crate::api::Api;
 use crate::config::Overflow;
 use crate::errors::ApiError;
 use crate::metrics;
@@ -55,7 +56,8 @@ impl Gateway {
             let id = id.clone();
             until_client_leaves(session, self.stored_owner(&id, &[pool])).await??;
             routed = members.route(&pool.routing, input, Instant::now());
-        } else if routed.is_ok() && input.stored().is_some() {
+        } else if routed.is_ok() && input.stored().is_some() && input.api() != Api::Stored {
+            // A retrieve or cancel was counted when its model was found.
             stored::count("known");
         }
         let plan = routed.map_err(|why| unroutable(pool, &members, why))?;

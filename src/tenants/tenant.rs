@@ -4,8 +4,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use super::bucket::Bucket;
-use crate::admission;
 use super::{Limit, Limits, Refusal, IN_FLIGHT_RETRY};
+use crate::admission;
 
 #[derive(Debug)]
 pub struct Tenant {

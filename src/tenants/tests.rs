@@ -177,7 +177,13 @@ fn replicas_share_each_limit_rounding_up() {
 
 #[test]
 fn unlisted_names_are_bounded_and_overflow_to_other_once() {
-    let listed = HashMap::from([("alice".to_owned(), Spec { weight: 3, limits: rpm(10) })]);
+    let listed = HashMap::from([(
+        "alice".to_owned(),
+        Spec {
+            weight: 3,
+            limits: rpm(10),
+        },
+    )]);
     let reg = Tenants::new(listed, spec(rpm(5)), DEFAULT_MAX_TRACKED, 1).unwrap();
     for i in 0..DEFAULT_MAX_TRACKED {
         let name = format!("user{i}");
