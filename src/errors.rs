@@ -44,6 +44,13 @@ pub enum ApiError {
     /// No backend has the stored response: its backends' own 404, as sent.
     #[error("stored response not found")]
     StoredNotFound(Bytes),
+    #[error("tenant `{tenant}` is over its {limit} budget")]
+    OverBudget {
+        tenant: String,
+        /// `max_in_flight`, `requests_per_minute` or `tokens_per_minute`.
+        limit: &'static str,
+        retry_after: Duration,
+    },
     #[error("the backend could not be reached: {0}")]
     BadGateway(String),
     #[error("the backend did not answer in time")]
@@ -89,6 +96,7 @@ impl ApiError {
             | ApiError::QueueFull { .. }
             | ApiError::QueueTimeout { .. }
             | ApiError::StoredUnavailable { .. } => 503,
+            ApiError::OverBudget { .. } => 429,
             ApiError::BadGateway(_) => 502,
             ApiError::GatewayTimeout => 504,
         }
@@ -104,6 +112,7 @@ impl ApiError {
                 "not_found_error"
             }
             ApiError::QueueFull { .. } | ApiError::QueueTimeout { .. } => "overloaded_error",
+            ApiError::OverBudget { .. } => "rate_limit_error",
             ApiError::GatewayTimeout => "timeout_error",
             ApiError::NoBackend { .. }
             | ApiError::StoredUnavailable { .. }
@@ -124,6 +133,7 @@ impl ApiError {
             ApiError::NoBackend { .. } => ("server_error", "no_backend"),
             ApiError::QueueFull { .. } => ("server_error", "queue_full"),
             ApiError::QueueTimeout { .. } => ("server_error", "queue_timeout"),
+            ApiError::OverBudget { limit, .. } => ("rate_limit_error", limit),
             ApiError::BadGateway(_) => ("server_error", "bad_gateway"),
             ApiError::GatewayTimeout => ("server_error", "gateway_timeout"),
         }
@@ -134,6 +144,7 @@ impl ApiError {
         match self {
             // Round up: retrying before the backend returns is wasted.
             ApiError::NoBackend { retry_after, .. }
+            | ApiError::OverBudget { retry_after, .. }
             | ApiError::StoredUnavailable {
                 retry_after: Some(retry_after),
                 ..
@@ -247,6 +258,20 @@ mod tests {
             (404, "not_found_error")
         );
         assert_eq!(typed(ApiError::GatewayTimeout), (504, "timeout_error"));
+        let over = || ApiError::OverBudget {
+            tenant: "t".into(),
+            limit: "tokens_per_minute",
+            retry_after: Duration::from_millis(1500),
+        };
+        assert_eq!(typed(over()), (429, "rate_limit_error"));
+        let (h, body) = over().response(Shape::OpenAi);
+        assert_eq!(
+            (h.status.as_u16(), &h.headers["retry-after"]),
+            (429, &"2".parse::<http::HeaderValue>().unwrap())
+        );
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["error"]["type"], "rate_limit_error");
+        assert_eq!(v["error"]["code"], "tokens_per_minute");
         assert_eq!(full.status(Shape::OpenAi), 503);
     }
 

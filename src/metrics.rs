@@ -65,6 +65,42 @@ pub static RESPONSE_OWNER_LOOKUPS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     )
 });
 
+/// Per tenant: label values are the listed tenants' names, then up to
+/// `tenants.max_tracked` other names, then `other` (`crate::tenants`).
+pub static TENANT_REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter_vec(
+        "poimen_gateway_tenant_requests_total",
+        "Requests for a configured model, by tenant, model and status code",
+        &["tenant", "model", "code"],
+    )
+});
+
+pub static TENANT_TOKENS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter_vec(
+        "poimen_gateway_tenant_tokens_total",
+        "Tokens as the backends reported them, by tenant, model and kind \
+         (prompt, cached, completion)",
+        &["tenant", "model", "kind"],
+    )
+});
+
+pub static TENANT_REJECTED: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter_vec(
+        "poimen_gateway_tenant_rejected_total",
+        "Requests refused, by tenant and reason (queue_full, max_in_flight, \
+         requests_per_minute, tokens_per_minute)",
+        &["tenant", "reason"],
+    )
+});
+
+pub static TENANT_IN_FLIGHT: LazyLock<IntGaugeVec> = LazyLock::new(|| {
+    gauge_vec(
+        "poimen_gateway_tenant_in_flight",
+        "Requests of the tenant holding a slot or a queue place, or waiting for one",
+        &["tenant"],
+    )
+});
+
 pub static INFLIGHT: LazyLock<IntGaugeVec> = LazyLock::new(|| {
     gauge_vec(
         "poimen_gateway_inflight",

@@ -142,6 +142,8 @@ pub struct Record<'a> {
     /// The key derived from the body (`keyless: prefix`), if any.
     pub derived_key: Option<&'a str>,
     pub usage: Usage,
+    /// Who it was for (the tenant's metric label).
+    pub tenant: &'a str,
     pub model: &'a str,
     pub backend: &'a str,
     pub route: &'a str,
@@ -160,6 +162,8 @@ impl Record<'_> {
             cached_tokens = self.usage.cached_tokens,
             total_tokens = self.usage.prompt_tokens,
             hit_rate = hit_rate(self.usage),
+            completion_tokens = self.usage.completion_tokens,
+            tenant = self.tenant,
             model = self.model,
             backend = self.backend,
             route = self.route,

@@ -79,6 +79,11 @@ impl Tenant {
         }
     }
 
+    /// Its name (the tenant's metric label).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
     fn is(&self, other: &Tenant) -> bool {
         Arc::ptr_eq(&self.name, &other.name) || self.name == other.name
     }

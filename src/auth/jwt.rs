@@ -15,7 +15,6 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use jsonwebtoken::errors::ErrorKind;
 use jsonwebtoken::{Algorithm, Validation};
-use serde::de::IgnoredAny;
 
 use super::jwks::{Jwks, KeySet};
 use super::Reason;
@@ -30,7 +29,13 @@ pub struct TokenRules {
     pub algorithms: Vec<Algorithm>,
     /// Seconds of clock skew allowed on `exp` and `nbf`.
     pub leeway_secs: u64,
+    /// The claim that names the token's tenant.
+    pub tenant_claim: String,
 }
+
+/// The longest tenant name a claim may give (a metric label and a log
+/// field).
+const MAX_TENANT_BYTES: usize = 256;
 
 /// Longest token considered: larger is refused as malformed before decoding
 /// (Authentik's are under 2 KiB).
@@ -45,8 +50,8 @@ pub fn algorithm(name: &str) -> Option<Algorithm> {
         .filter(|a| !matches!(a, HS256 | HS384 | HS512))
 }
 
-/// Verify `token` with `keys` under `policy`.
-pub fn check(token: &str, keys: &KeySet, policy: &TokenRules) -> Result<(), Reason> {
+/// Verify `token` with `keys` under `policy`; the tenant its claim names.
+pub fn check(token: &str, keys: &KeySet, policy: &TokenRules) -> Result<Arc<str>, Reason> {
     if token.len() > MAX_TOKEN_BYTES {
         return Err(Reason::Malformed);
     }
@@ -62,9 +67,14 @@ pub fn check(token: &str, keys: &KeySet, policy: &TokenRules) -> Result<(), Reas
     validation.set_issuer(&[&policy.issuer]);
     validation.set_audience(&policy.audience);
     validation.set_required_spec_claims(&["exp", "iss", "aud"]);
-    jsonwebtoken::decode::<IgnoredAny>(token, key, &validation)
-        .map(|_| ())
-        .map_err(|e| reason(e.kind()))
+    let claims =
+        jsonwebtoken::decode::<serde_json::Map<String, serde_json::Value>>(token, key, &validation)
+            .map_err(|e| reason(e.kind()))?
+            .claims;
+    match claims.get(&policy.tenant_claim).and_then(|v| v.as_str()) {
+        Some(t) if !t.is_empty() && t.len() <= MAX_TENANT_BYTES => Ok(t.into()),
+        _ => Err(Reason::TenantClaim),
+    }
 }
 
 fn reason(kind: &ErrorKind) -> Reason {
@@ -132,7 +142,7 @@ impl Verifier {
     /// Verify `token`; a key not (yet) in the set triggers a refetch of the
     /// JWKS (rate-limited, see `Jwks::refetch`) and one more try with what
     /// it brought, so a key rotated in at the provider is accepted at once.
-    pub async fn verify(&self, token: &str) -> Result<(), Reason> {
+    pub async fn verify(&self, token: &str) -> Result<Arc<str>, Reason> {
         let keys = self.jwks.current();
         match check(token, &keys, &self.policy) {
             Err(Reason::UnknownKey) => {

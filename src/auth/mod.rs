@@ -13,8 +13,12 @@ pub mod jwt;
 #[cfg(test)]
 pub mod test_keys;
 
+use std::sync::Arc;
+
 use http::HeaderMap;
 use sha2::{Digest, Sha256};
+
+use crate::tenants;
 
 use jwt::Verifier;
 
@@ -38,10 +42,12 @@ pub enum Reason {
     /// `alg` not allowed (`none`, HMAC, not in `algorithms`) or not the
     /// key's type.
     Algorithm,
+    /// A valid token without the string claim `auth.jwt.tenant_claim`.
+    TenantClaim,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 9] = [
+    pub const ALL: [Reason; 10] = [
         Reason::Missing,
         Reason::Malformed,
         Reason::BadSignature,
@@ -51,6 +57,7 @@ impl Reason {
         Reason::Audience,
         Reason::UnknownKey,
         Reason::Algorithm,
+        Reason::TenantClaim,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -64,6 +71,7 @@ impl Reason {
             Reason::Audience => "audience",
             Reason::UnknownKey => "unknown_key",
             Reason::Algorithm => "algorithm",
+            Reason::TenantClaim => "tenant_claim",
         }
     }
 }
@@ -90,15 +98,16 @@ pub fn credential(headers: &HeaderMap) -> Option<&[u8]> {
 }
 
 /// Check a request's credential against the API keys and the JWT verifier,
-/// whichever are configured (at least one).
+/// whichever are configured (at least one). Returns the tenant it names:
+/// the key's name in the keys file, or the token's tenant claim.
 pub async fn authenticate(
     api_keys: Option<&ApiKeys>,
     jwt: Option<&Verifier>,
     credential: Option<&[u8]>,
-) -> Result<(), Reason> {
+) -> Result<Arc<str>, Reason> {
     let token = credential.ok_or(Reason::Missing)?;
-    if api_keys.is_some_and(|keys| keys.contains(token)) {
-        return Ok(());
+    if let Some(tenant) = api_keys.and_then(|keys| keys.tenant_of(token)) {
+        return Ok(tenant);
     }
     match jwt {
         Some(verifier) => {
@@ -113,11 +122,15 @@ pub async fn authenticate(
 pub enum KeysError {
     #[error("no keys in the file")]
     Empty,
+    // The line number only: never the line, which holds a key.
+    #[error("line {0}: `name:key` needs a tenant name of 1 to 64 of A-Z a-z 0-9 _ . - before the first `:`")]
+    BadName(usize),
 }
 
 #[derive(Clone)]
 pub struct ApiKeys {
-    digests: Vec<[u8; 32]>,
+    /// Each key's SHA-256 and the tenant it names.
+    digests: Vec<([u8; 32], Arc<str>)>,
 }
 
 impl std::fmt::Debug for ApiKeys {
@@ -128,27 +141,42 @@ impl std::fmt::Debug for ApiKeys {
 }
 
 impl ApiKeys {
-    /// Parse a keys file: one key per line, or its SHA-256 as 64 hex digits;
-    /// blank lines and lines starting with `#` are ignored.
+    /// Parse a keys file: one key per line, or its SHA-256 as 64 hex digits,
+    /// either one after `name:` to name its tenant (else tenant `default`);
+    /// blank lines and lines starting with `#` are ignored. A key that holds
+    /// a `:` itself needs a name before it.
     pub fn parse(text: &str) -> Result<Self, KeysError> {
-        let digests: Vec<[u8; 32]> = text
-            .lines()
-            .map(str::trim)
-            .filter(|l| !l.is_empty() && !l.starts_with('#'))
-            .map(|l| hex_digest(l).unwrap_or_else(|| Sha256::digest(l.as_bytes()).into()))
-            .collect();
+        let default: Arc<str> = tenants::DEFAULT.into();
+        let mut digests = Vec::new();
+        for (i, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let (tenant, key) = match line.split_once(':') {
+                Some((name, key)) if tenants::valid_name(name) => (name.into(), key),
+                Some(_) => return Err(KeysError::BadName(i + 1)),
+                None => (default.clone(), line),
+            };
+            let digest = hex_digest(key).unwrap_or_else(|| Sha256::digest(key.as_bytes()).into());
+            digests.push((digest, tenant));
+        }
         if digests.is_empty() {
             return Err(KeysError::Empty);
         }
         Ok(ApiKeys { digests })
     }
 
-    /// Whether `key` is one of the keys.
-    pub fn contains(&self, key: &[u8]) -> bool {
+    /// The tenant of `key`, if it is one of the keys. Every key is compared,
+    /// each in constant time.
+    pub fn tenant_of(&self, key: &[u8]) -> Option<Arc<str>> {
         let digest: [u8; 32] = Sha256::digest(key).into();
-        self.digests
-            .iter()
-            .fold(false, |found, d| found | constant_time_eq(d, &digest))
+        self.digests.iter().fold(None, |found, (d, tenant)| {
+            match constant_time_eq(d, &digest) {
+                true => Some(tenant.clone()),
+                false => found,
+            }
+        })
     }
 }
 
@@ -181,7 +209,7 @@ mod tests {
     /// await then).
     pub(crate) fn verdict(keys: &ApiKeys, authorization: Option<&[u8]>) -> Result<(), Reason> {
         let credential = authorization.and_then(bearer);
-        futures::executor::block_on(authenticate(Some(keys), None, credential))
+        futures::executor::block_on(authenticate(Some(keys), None, credential)).map(|_| ())
     }
 
     #[test]
@@ -228,6 +256,25 @@ mod tests {
         assert_eq!(cred(&basic), Some(b"k1".to_vec()));
         assert_eq!(cred(&[("x-api-key", "  ")]), None);
         assert_eq!(cred(&[]), None);
+    }
+
+    #[test]
+    fn a_line_may_name_its_tenant() {
+        let hashed = format!("{:x}", Sha256::digest(b"bob-key"));
+        let keys = ApiKeys::parse(&format!(
+            "alice:a-key\nbob:{hashed}\nplain\nc.d-e_f:with:colons\n"
+        ))
+        .unwrap();
+        let tenant = |k: &[u8]| keys.tenant_of(k).map(|t| t.to_string());
+        assert_eq!(tenant(b"a-key").as_deref(), Some("alice"));
+        assert_eq!(tenant(b"bob-key").as_deref(), Some("bob"));
+        assert_eq!(tenant(b"plain").as_deref(), Some("default"));
+        assert_eq!(tenant(b"with:colons").as_deref(), Some("c.d-e_f"));
+        assert_eq!(tenant(b"alice:a-key"), None);
+        // The line number, never the line.
+        let err = ApiKeys::parse("ok\nbad name:secret\n").unwrap_err();
+        assert_eq!(err, KeysError::BadName(2));
+        assert!(!err.to_string().contains("secret"));
     }
 
     #[test]

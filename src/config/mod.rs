@@ -46,7 +46,7 @@ pub use listen::ListenerConfig;
 pub use models::ModelConfig;
 pub use scheduler::Overflow;
 pub use stored_responses::StoredResponsesConfig;
-pub use tenants::{valid_name as valid_tenant_name, TenantsConfig};
+pub use tenants::TenantsConfig;
 pub use warmup::WarmupConfig;
 
 /// The validated gateway configuration.

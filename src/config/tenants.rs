@@ -150,14 +150,6 @@ pub const TOKENS_PER_MINUTE: Bound<u64> = Bound::new(
 );
 pub const MAX_TRACKED: Bound<u64> = Bound::new(&["gateway.tenants.max_tracked"], 1, 100_000);
 
-/// Whether `name` may name a tenant: what a keys file line and `-t` accept.
-pub fn valid_name(name: &str) -> bool {
-    (1..=64).contains(&name.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
-}
-
 /// `authenticated`: `auth` names the tenants, so a header is not trusted.
 pub fn validate(t: TenantsFile, authenticated: bool) -> Result<TenantsConfig, Invalid> {
     let defaults = fields("gateway.tenants.defaults", t.defaults)?;
@@ -165,7 +157,7 @@ pub fn validate(t: TenantsFile, authenticated: bool) -> Result<TenantsConfig, In
     for (i, tenant) in t.list.into_iter().enumerate() {
         let at = format!("gateway.tenants.list[{i}]");
         let name = tenant.name;
-        if !valid_name(&name) || name == crate::tenants::OTHER {
+        if !crate::tenants::valid_name(&name) || name == crate::tenants::OTHER {
             let rule = "a name is 1 to 64 of A-Z a-z 0-9 _ . - (and not `other`)";
             return Err(invalid(format!("{at}.name"), &name, rule));
         }

@@ -394,7 +394,10 @@ fn health_check_auth_and_read_timeout() {
         keys.display()
     ))
     .unwrap();
-    assert!(c.api_keys.unwrap().contains(b"k1"));
+    assert_eq!(
+        c.api_keys.unwrap().tenant_of(b"k1").as_deref(),
+        Some("default")
+    );
     std::fs::write(&keys, "# none\n").unwrap();
     for (extra, want) in [
         (

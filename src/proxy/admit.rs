@@ -3,7 +3,7 @@
 //! first that has room.
 
 use std::net::SocketAddr;
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::time::Instant;
 
 use log::warn;
@@ -18,10 +18,6 @@ use crate::errors::ApiError;
 use crate::metrics;
 use crate::pool::{Members, ModelPool};
 use crate::routing::{Input, Unroutable};
-
-/// Until requests name their tenant, all are one tenant's: admission as
-/// before tenants.
-static ANYONE: LazyLock<Tenant> = LazyLock::new(|| Tenant::new("", 1));
 
 impl Gateway {
     /// A warmup sleeps before it competes for a slot, holding
@@ -43,6 +39,7 @@ impl Gateway {
         session: &mut Session,
         pool: &Arc<ModelPool>,
         input: &Input,
+        tenant: &Tenant,
     ) -> Result<Attempt, Stop> {
         let class = if input.warmup() {
             Class::Warmup
@@ -77,27 +74,20 @@ impl Gateway {
             Overflow::Reject => 1,
         };
         let entered = plan.candidates.iter().take(tries).find_map(|c| {
-            let ticket = members.admission(&c.addr)?.try_enter(class, &ANYONE).ok()?;
+            let ticket = members.admission(&c.addr)?.try_enter(class, tenant).ok()?;
             Some((*c, ticket))
         });
         let Some((candidate, ticket)) = entered else {
             let first = plan.candidates[0].addr;
-            refused(&pool.name, &members, &first, AdmitError::QueueFull);
-            return Err(ApiError::QueueFull {
-                model: pool.name.clone(),
-            }
-            .into());
+            return Err(refused(pool, &members, &first, tenant, AdmitError::QueueFull).into());
         };
         plan.admitted(candidate);
         let waited = Instant::now();
         let permit = until_client_leaves(session, ticket.wait(self.config.queue_timeout))
             .await?
-            .map_err(|e| {
-                refused(&pool.name, &members, &candidate.addr, e);
-                ApiError::QueueTimeout {
-                    model: pool.name.clone(),
-                }
-            })?;
+            // Waited too long, or its place went to a tenant within its
+            // share (`admission::fair`).
+            .map_err(|e| refused(pool, &members, &candidate.addr, tenant, e))?;
         metrics::QUEUE_WAIT.observe(waited.elapsed().as_secs_f64());
         Ok(Attempt {
             members,
@@ -141,27 +131,47 @@ fn unroutable(pool: &ModelPool, members: &Members, why: Unroutable) -> ApiError 
     }
 }
 
-/// Count and log an admission refusal: one event each.
-fn refused(model: &str, members: &Members, addr: &SocketAddr, why: AdmitError) {
+/// Count and log an admission refusal (one event each), and the client's
+/// error.
+fn refused(
+    pool: &ModelPool,
+    members: &Members,
+    addr: &SocketAddr,
+    tenant: &Tenant,
+    why: AdmitError,
+) -> ApiError {
+    let model = pool.name.as_str();
     let backend = addr.to_string();
-    let reason = match why {
-        AdmitError::QueueFull => "queue_full",
-        AdmitError::QueueTimeout => "queue_timeout",
+    let (reason, error) = match why {
+        AdmitError::QueueFull => (
+            "queue_full",
+            ApiError::QueueFull {
+                model: model.into(),
+            },
+        ),
+        AdmitError::QueueTimeout => (
+            "queue_timeout",
+            ApiError::QueueTimeout {
+                model: model.into(),
+            },
+        ),
     };
     metrics::QUEUE_REJECTED
         .with_label_values(&[model, &backend, reason])
         .inc();
-    let Some(admission) = members.admission(addr) else {
-        return;
-    };
-    let (inflight, depth) = admission.counts();
-    warn!(
-        event = reason,
-        model = model,
-        backend = backend.as_str(),
-        inflight = inflight,
-        depth = depth,
-        max_queue_depth = admission.limits().max_queue_depth;
-        ""
-    );
+    super::tenant::rejected(tenant.name(), reason);
+    if let Some(admission) = members.admission(addr) {
+        let (inflight, depth) = admission.counts();
+        warn!(
+            event = reason,
+            model = model,
+            backend = backend.as_str(),
+            tenant = tenant.name(),
+            inflight = inflight,
+            depth = depth,
+            max_queue_depth = admission.limits().max_queue_depth;
+            ""
+        );
+    }
+    error
 }

@@ -26,6 +26,7 @@ mod headers;
 mod record;
 mod respond;
 mod stored;
+mod tenant;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -43,7 +44,7 @@ use pingora::prelude::*;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::ErrorType;
 
-use crate::accounting::Tracker;
+use crate::accounting::{Tracker, Usage};
 use crate::admission::load_report;
 use crate::admission::Permit;
 use crate::api::{Api, BodyFormat};
@@ -57,6 +58,7 @@ use crate::metrics;
 use crate::pool::{Members, ModelPool, Refresh};
 use crate::routing::owners;
 use crate::routing::{Candidate, Input, Owners};
+use crate::tenants::{Tenant, Tenants};
 use crate::tls;
 use endpoints::Endpoint;
 use respond::{respond, respond_json, until_client_leaves, Stop};
@@ -75,6 +77,8 @@ pub struct Gateway {
     /// How backends are asked about a stored response the gateway does not
     /// know.
     lookup: stored::Lookup,
+    /// Every tenant's budgets and weight.
+    tenants: Tenants,
     /// Unix time of start, the `created` of `/v1/models` entries.
     started: u64,
 }
@@ -84,6 +88,8 @@ pub struct Gateway {
 /// still holds.
 pub struct RequestCtx {
     started: Instant,
+    /// Known once the request is authenticated.
+    tenant: Option<Arc<Tenant>>,
     phase: Phase,
     /// Time to the first response body byte.
     first_byte: Option<Duration>,
@@ -113,6 +119,8 @@ struct Routed {
     body: Bytes,
     /// Usage accounting, for the APIs that report it.
     tracker: Option<Tracker>,
+    /// Its tenant's place in flight, until the response ends.
+    held: tenant::Held,
     /// The response's id was handed to routing (Responses API).
     owner_noted: bool,
     attempt: Attempt,
@@ -148,6 +156,22 @@ impl Routed {
             }
         }
     }
+
+    /// The backend is done with this request: free its slot and its
+    /// tenant's place in flight, charging the tokens it used. Later calls
+    /// do nothing.
+    fn end(&mut self) {
+        self.attempt.permit = None;
+        self.held.end(self.usage());
+    }
+
+    /// What the backend reported of its tokens, as far as it got.
+    fn usage(&self) -> Usage {
+        self.tracker
+            .as_ref()
+            .map(Tracker::usage)
+            .unwrap_or_default()
+    }
 }
 
 impl RequestCtx {
@@ -169,10 +193,10 @@ impl RequestCtx {
         self.routed().is_some_and(|r| r.attempt.response_started)
     }
 
-    /// The backend is done with this request: free its slot.
-    fn release_slot(&mut self) {
+    /// The backend is done with this request (see [`Routed::end`]).
+    fn end(&mut self) {
         if let Some(r) = self.routed_mut() {
-            r.attempt.permit = None;
+            r.end();
         }
     }
 }
@@ -232,24 +256,33 @@ impl Gateway {
             config.upstream_api_key.as_deref(),
             config.stored_responses.lookup_timeout,
         );
+        let t = &config.tenants;
+        let listed = t.list.iter().cloned().collect();
+        let tenants = Tenants::new(listed, t.defaults, t.max_tracked, config.replicas)
+            .expect("the configuration refuses a tenant named `other`");
         let gateway = Gateway {
             config: Arc::new(config),
             pools,
             jwt,
             owners,
             lookup,
+            tenants,
             started,
         };
         (gateway, services)
     }
 
-    /// Whether the request's credential is good (or none is required).
-    async fn authenticate(&self, req: &RequestHeader) -> Result<(), Reason> {
+    /// Whether the request's credential is good (or none is required),
+    /// and the tenant it names.
+    async fn authenticate(&self, req: &RequestHeader) -> Result<Option<Arc<str>>, Reason> {
         let api_keys = self.config.api_keys.as_ref();
         if api_keys.is_none() && self.jwt.is_none() {
-            return Ok(());
+            return Ok(None);
         }
-        auth::authenticate(api_keys, self.jwt.as_ref(), auth::credential(&req.headers)).await
+        let credential = auth::credential(&req.headers);
+        auth::authenticate(api_keys, self.jwt.as_ref(), credential)
+            .await
+            .map(Some)
     }
 
     /// The service that re-resolves the models' DNS names, if any has one.
@@ -278,6 +311,7 @@ impl Gateway {
         session: &mut Session,
         ctx: &mut RequestCtx,
         api: Api,
+        tenant: &Arc<Tenant>,
     ) -> Result<(), Stop> {
         let req = session.req_header();
         let cache_key = headers::cache_key(req)?;
@@ -301,7 +335,7 @@ impl Gateway {
             .then(|| facts.previous_response_id.filter(|id| owners::valid_id(id)))
             .flatten()
             .map(|id| id.into_owned());
-        ctx.phase = Phase::Unserved(pool.clone());
+        let held = self.serve(ctx, &pool, tenant)?;
         // A stream whose client did not ask for usage: ask for it, and hide
         // the extra chunk from the client.
         let add_usage = api.is_completion()
@@ -319,16 +353,30 @@ impl Gateway {
         if warmup {
             self.warmup_delay(session).await?;
         }
-        let attempt = self.admit(session, &pool, &input).await?;
+        let attempt = self.admit(session, &pool, &input, tenant.share()).await?;
         ctx.phase = Phase::Routed(Box::new(Routed {
             pool,
             input,
             body,
             tracker,
+            held,
             owner_noted: false,
             attempt,
         }));
         Ok(())
+    }
+
+    /// The request is for `pool`: counted under its model from now on, and
+    /// its tenant's budgets checked (429 at once when over one).
+    fn serve(
+        &self,
+        ctx: &mut RequestCtx,
+        pool: &Arc<ModelPool>,
+        tenant: &Arc<Tenant>,
+    ) -> Result<tenant::Held, ApiError> {
+        ctx.phase = Phase::Unserved(pool.clone());
+        ctx.tenant = Some(tenant.clone());
+        self.hold(tenant)
     }
 
     /// A retrieve or cancel of stored response `id`: to the backend that
@@ -338,19 +386,21 @@ impl Gateway {
         session: &mut Session,
         ctx: &mut RequestCtx,
         id: String,
+        tenant: &Arc<Tenant>,
     ) -> Result<(), Stop> {
         let body = body_reader::read_whole(session, self.config.max_request_body_bytes).await?;
         let pools: Vec<&Arc<ModelPool>> = self.pools_in_order().collect();
         let pool = until_client_leaves(session, self.stored_owner(&id, &pools)).await??;
-        ctx.phase = Phase::Unserved(pool.clone());
+        let held = self.serve(ctx, &pool, tenant)?;
         let input =
             (pool.routing.input(None, false, Api::Stored, body.clone())).with_stored(Some(id));
-        let attempt = self.admit(session, &pool, &input).await?;
+        let attempt = self.admit(session, &pool, &input, tenant.share()).await?;
         ctx.phase = Phase::Routed(Box::new(Routed {
             pool,
             input,
             body,
             tracker: None,
+            held,
             owner_noted: false,
             attempt,
         }));
@@ -385,7 +435,8 @@ impl Gateway {
         };
         routed.attempt.permit = None;
         let pool = routed.pool.clone();
-        let stop = match self.admit(session, &pool, &routed.input).await {
+        let share = routed.held.tenant().share().clone();
+        let stop = match self.admit(session, &pool, &routed.input, &share).await {
             Ok(attempt) => {
                 routed.attempt = attempt;
                 return Ok(());
@@ -435,6 +486,7 @@ impl ProxyHttp for Gateway {
         // Pingora makes the context once the request header is read.
         RequestCtx {
             started: Instant::now(),
+            tenant: None,
             phase: Phase::Local,
             first_byte: None,
             error: None,
@@ -453,9 +505,14 @@ impl ProxyHttp for Gateway {
         downstream.set_total_drain_timeout(Some(REFUSED_BODY_DRAIN));
         let req = session.req_header();
         let endpoint = endpoints::classify(&req.method, req.uri.path());
-        if endpoint != Endpoint::Health {
-            // Before anything is read or queued.
-            if let Err(reason) = self.authenticate(req).await {
+        // Before anything is read or queued; `/health` needs no credential.
+        let authenticated = match endpoint {
+            Endpoint::Health => Ok(None),
+            _ => self.authenticate(req).await,
+        };
+        let tenant = match authenticated {
+            Ok(name) => self.tenant_of(req, name),
+            Err(reason) => {
                 metrics::AUTH_FAILURES
                     .with_label_values(&[reason.as_str()])
                     .inc();
@@ -465,11 +522,11 @@ impl ProxyHttp for Gateway {
                 respond(session, e.response(shape(session))).await;
                 return Ok(true);
             }
-        }
+        };
         let req = session.req_header();
         let prepared = match endpoint {
-            Endpoint::Proxy(api) => self.prepare(session, ctx, api).await,
-            Endpoint::Stored(id) => self.prepare_stored(session, ctx, id).await,
+            Endpoint::Proxy(api) => self.prepare(session, ctx, api, &tenant).await,
+            Endpoint::Stored(id) => self.prepare_stored(session, ctx, id, &tenant).await,
             Endpoint::Health => {
                 let pools = self.pools_in_order().map(|p| &**p);
                 let (ok, body) = endpoints::health(pools, Instant::now());
@@ -540,6 +597,10 @@ impl ProxyHttp for Gateway {
         // The client's credentials are for the gateway, not for vLLM.
         upstream.remove_header(&http::header::AUTHORIZATION);
         upstream.remove_header(auth::X_API_KEY);
+        // The tenant a proxy in front named is the gateway's business.
+        if let Some(header) = &self.config.tenants.header {
+            upstream.remove_header(header);
+        }
         if let Some(key) = &self.config.upstream_api_key {
             upstream.insert_header(http::header::AUTHORIZATION, format!("Bearer {key}"))?;
         }
@@ -667,9 +728,10 @@ impl ProxyHttp for Gateway {
             routed.on_body(body, end_of_stream);
         }
         if end_of_stream {
-            // The backend is done with this sequence: its slot is free now,
-            // not after the client has read the last bytes.
-            ctx.release_slot();
+            // The backend is done with this sequence: its slot (and its
+            // tenant's place) is free now, not after the client has read the
+            // last bytes, which may bring its next request.
+            ctx.end();
         }
         Ok(None)
     }
@@ -682,7 +744,7 @@ impl ProxyHttp for Gateway {
     ) -> FailToProxy {
         // The backend is done with this request: free its slot before the
         // client hears about it.
-        ctx.release_slot();
+        ctx.end();
         let api = ctx
             .error
             .take()
@@ -715,7 +777,7 @@ impl ProxyHttp for Gateway {
 
     async fn logging(&self, session: &mut Session, _e: Option<&Error>, ctx: &mut RequestCtx) {
         // Free the slot even if the response never ended cleanly.
-        ctx.release_slot();
+        ctx.end();
         self.record(session, ctx);
     }
 }

@@ -1,5 +1,5 @@
-//! The end of a request: its metrics and, for a completion a backend
-//! answered, the `prefix_cache` log line.
+//! The end of a request: its metrics (per backend, per tenant) and, for a
+//! response whose usage the gateway reads, the `prefix_cache` log line.
 
 use pingora::proxy::Session;
 
@@ -25,9 +25,13 @@ impl Gateway {
         let route = candidate.map_or("none", |c| c.route.as_str());
         let model = pool.name.as_str();
         let duration = ctx.started.elapsed();
-        // The one series whose labels vary per request (route, code).
+        // The series whose labels vary per request (route, code, tenant).
         metrics::REQUESTS
             .with_label_values(&[model, backend, route, status_code])
+            .inc();
+        let tenant = ctx.tenant.as_ref().map_or("none", |t| t.label());
+        metrics::TENANT_REQUESTS
+            .with_label_values(&[tenant, model, status_code])
             .inc();
         pool.series.duration.observe(duration.as_secs_f64());
         if let Some(ttfb) = ctx.first_byte {
@@ -51,6 +55,18 @@ impl Gateway {
                 series.prompt_tokens.inc_by(prompt);
             }
         }
+        let kinds = [
+            ("prompt", usage.prompt_tokens),
+            ("cached", usage.cached_tokens),
+            ("completion", usage.completion_tokens),
+        ];
+        for (kind, tokens) in kinds {
+            if let Some(n) = tokens {
+                metrics::TENANT_TOKENS
+                    .with_label_values(&[tenant, model, kind])
+                    .inc_by(n);
+            }
+        }
         // Header values may carry any byte; the log shows UTF-8 as it is.
         let input = &routed.input;
         let cache_key = input
@@ -60,6 +76,7 @@ impl Gateway {
             cache_key: cache_key.as_deref(),
             derived_key: input.derived_key().map(|k| k.as_str()),
             usage,
+            tenant,
             model,
             backend,
             route,

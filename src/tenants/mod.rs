@@ -47,6 +47,18 @@ use std::time::Duration;
 pub use registry::{Lookup, ReservedName, Tenants, DEFAULT_MAX_TRACKED, OTHER};
 pub use tenant::{InFlight, Tenant};
 
+/// The tenant of a request no credential or header names.
+pub const DEFAULT: &str = "default";
+
+/// Whether `name` may name a tenant (in the config and the keys file):
+/// 1 to 64 of `A-Z a-z 0-9 _ . -`.
+pub fn valid_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+}
+
 /// A tenant's weight (its share of each backend's slots and queue places,
 /// `admission::Tenant`) and its budgets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

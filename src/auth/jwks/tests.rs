@@ -115,7 +115,7 @@ async fn unknown_keys_refetch_once_per_interval_and_single_flight() {
         })
         .collect();
     for t in tasks {
-        assert_eq!(t.await.unwrap(), Ok(()));
+        assert_eq!(t.await.unwrap(), Ok("user-1".into()));
     }
     assert_eq!(p.fetches(), 2);
 
@@ -149,7 +149,7 @@ async fn a_client_leaving_mid_refetch_does_not_cancel_it() {
     tokio::time::sleep(Duration::from_millis(10)).await;
     leaving.abort();
     // The next request waits for the same fetch and is accepted.
-    assert_eq!(verifier.verify(&token).await, Ok(()));
+    assert_eq!(verifier.verify(&token).await, Ok("user-1".into()));
     assert_eq!(p.fetches(), 2);
 }
 

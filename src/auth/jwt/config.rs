@@ -42,6 +42,15 @@ pub struct JwtFile {
     /// How often `jwks_url` is fetched. Default 300.
     #[serde(default = "default_jwks_refresh_secs")]
     jwks_refresh_secs: u64,
+    /// The claim whose string value names the token's tenant (e.g.
+    /// `preferred_username`, which Authentik sets). A token without it is
+    /// refused. Default sub.
+    #[serde(default = "default_tenant_claim")]
+    tenant_claim: String,
+}
+
+fn default_tenant_claim() -> String {
+    "sub".into()
 }
 
 fn default_algorithms() -> Vec<String> {
@@ -170,6 +179,16 @@ pub fn validate(j: JwtFile) -> Result<JwtConfig, Invalid> {
             audience,
             algorithms,
             leeway_secs: LEEWAY_SECS.check(&format!("{at}.leeway_secs"), j.leeway_secs)?,
+            tenant_claim: match j.tenant_claim.is_empty() {
+                false => j.tenant_claim,
+                true => {
+                    return Err(invalid(
+                        format!("{at}.tenant_claim"),
+                        "",
+                        "must name a claim",
+                    ))
+                }
+            },
         },
         jwks,
     })

@@ -17,6 +17,7 @@ pub(crate) fn policy() -> TokenRules {
         audience: vec!["other".into(), test_keys::AUDIENCE.into()],
         algorithms: vec![Algorithm::RS256, Algorithm::ES256, Algorithm::EdDSA],
         leeway_secs: 30,
+        tenant_claim: "sub".into(),
     }
 }
 
@@ -25,7 +26,7 @@ fn all_keys() -> KeySet {
 }
 
 fn verdict(token: &str) -> Result<(), Reason> {
-    check(token, &all_keys(), &policy())
+    check(token, &all_keys(), &policy()).map(|_| ())
 }
 
 #[test]
@@ -38,7 +39,7 @@ fn each_key_type_verifies_its_tokens() {
 #[test]
 fn claims_are_checked_with_leeway() {
     let t = now();
-    let cases: [(Value, Result<(), Reason>); 12] = [
+    let cases: [(Value, Result<(), Reason>); 13] = [
         (json!({"exp": t - 60}), Err(Reason::Expired)),
         (json!({"exp": t - 10}), Ok(())),
         (json!({"nbf": t + 120}), Err(Reason::NotYetValid)),
@@ -51,7 +52,9 @@ fn claims_are_checked_with_leeway() {
         // A token that never expires is not accepted.
         (json!({"exp": null}), Err(Reason::Malformed)),
         (json!({"exp": "tomorrow"}), Err(Reason::Malformed)),
-        (json!({"sub": 42, "extra": {"any": "thing"}}), Ok(())),
+        (json!({"extra": {"any": "thing"}}), Ok(())),
+        // The tenant claim must be a string.
+        (json!({"sub": 42}), Err(Reason::TenantClaim)),
     ];
     for (changes, expected) in cases {
         let token = RSA.sign(&claims_with(changes.clone()));
@@ -111,7 +114,10 @@ fn keys_are_found_by_kid_or_by_type() {
         check(&RSA.sign_with(None, &claims()), &two, &policy()),
         Err(Reason::UnknownKey)
     );
-    assert_eq!(check(&RSA_2.sign(&claims()), &two, &policy()), Ok(()));
+    assert_eq!(
+        check(&RSA_2.sign(&claims()), &two, &policy()),
+        Ok("user-1".into())
+    );
 }
 
 #[test]
@@ -139,4 +145,25 @@ fn garbage_is_malformed_never_a_panic() {
         .unwrap();
     let not_json = format!("{head}.bm90IGpzb24.c2ln");
     assert!(verdict(&not_json).is_err());
+}
+
+#[test]
+fn the_tenant_is_the_configured_claim() {
+    let token = RSA.sign(&claims_with(json!({"preferred_username": "alice"})));
+    assert_eq!(check(&token, &all_keys(), &policy()), Ok("user-1".into()));
+    let by_name = TokenRules {
+        tenant_claim: "preferred_username".into(),
+        ..policy()
+    };
+    assert_eq!(check(&token, &all_keys(), &by_name), Ok("alice".into()));
+    let without = RSA.sign(&claims());
+    assert_eq!(
+        check(&without, &all_keys(), &by_name),
+        Err(Reason::TenantClaim)
+    );
+    let long = RSA.sign(&claims_with(json!({"sub": "x".repeat(257)})));
+    assert_eq!(
+        check(&long, &all_keys(), &policy()),
+        Err(Reason::TenantClaim)
+    );
 }
