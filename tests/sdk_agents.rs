@@ -13,11 +13,11 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::support::daemons::{upgrade, Daemons};
-use crate::support::gateway::{one_model, temp_dir, Conf};
+use crate::support::gateway::{alive, one_model, temp_dir, Conf};
 use crate::support::metrics::sample;
 use crate::support::sdk::{run, sdk_available};
 use crate::support::sim::Sim;
-use crate::support::{client, key_owned_by, Gateway};
+use crate::support::{client, eventually, key_owned_by, Gateway};
 
 const OPENAI: &str = "openai_responses.py";
 const ANTHROPIC: &str = "anthropic_messages.py";
@@ -183,7 +183,18 @@ async fn openai_sdk_chain_reaches_its_owner_across_a_graceful_upgrade() {
     let id = before["chains"][0][1]["id"].as_str().unwrap().to_string();
 
     // The new process has never seen the conversation: it asks the backends.
-    upgrade(&mut d, listening).await;
+    let old = upgrade(&mut d, listening).await;
+    // Until it exits (Pingora's 5 s before the shutdown, then the 1 s
+    // grace period), the old process still accepts on the shared sockets,
+    // and it knows the owner.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while alive(old) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the old process did not exit"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
     let after = run(OPENAI, &[&base, "m", "chains", "3", "-", "--after", &id]).await;
     assert_eq!(after["failed"], json!([]));
     assert_eq!(after["chains"][0][0]["route"], "owner");
@@ -192,23 +203,34 @@ async fn openai_sdk_chain_reaches_its_owner_across_a_graceful_upgrade() {
     assert_one_backend(&backends, "the chain");
 
     let metrics = format!("http://{}/metrics", listening.1);
-    let text = client()
-        .get(metrics)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let lookups = |result| {
+    let lookups = |text: &str, result| {
         sample(
-            &text,
+            text,
             "poimen_gateway_response_owner_lookups_total",
             &[("result", result)],
         )
     };
-    assert_eq!(lookups("found"), Some(1.0), "asked once, then remembered");
-    assert_eq!(lookups("known"), Some(2.0));
+    let scrape = || async {
+        client()
+            .get(&metrics)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    };
+    eventually("the new process's metrics", || async {
+        lookups(&scrape().await, "found").is_some()
+    })
+    .await;
+    let text = scrape().await;
+    assert_eq!(
+        lookups(&text, "found"),
+        Some(1.0),
+        "asked once, then remembered"
+    );
+    assert_eq!(lookups(&text, "known"), Some(2.0));
 }
 
 /// What a Messages turn's prompt counted: Anthropic's usage splits it in
