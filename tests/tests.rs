@@ -22,4 +22,5 @@ mod responses;
 mod routing;
 mod sdk_agents;
 mod streaming;
+mod tenants;
 mod tls;
