@@ -133,7 +133,7 @@ struct GatewayFile {
     /// 300000; a non-streamed completion sends nothing until it is done.
     #[serde(default = "default_read_timeout_ms")]
     read_timeout_ms: u64,
-    /// Optional active health checks (see `health.rs`).
+    /// Optional active health checks (see `failover/health.rs`).
     health_check: Option<health_check::HealthCheckFile>,
     /// Optional API keys and JWT bearer tokens.
     #[serde(default)]
