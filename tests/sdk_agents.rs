@@ -299,7 +299,8 @@ async fn anthropic_sdk_gets_its_typed_authentication_error() {
         return;
     }
     let sim = Sim::start("m", &[]);
-    let keys = temp_dir().join("api-keys");
+    let dir = temp_dir();
+    let keys = dir.join("api-keys");
     std::fs::write(&keys, "sdk-key-1\n").unwrap();
     let gw = Gateway::start(&format!(
         "  auth: {{api_keys_file: \"{}\"}}\n{}",

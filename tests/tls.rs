@@ -18,14 +18,17 @@ use tokio_rustls::TlsConnector;
 
 use crate::support::certs::TestCa;
 use crate::support::daemons::{upgrade, Daemons};
-use crate::support::gateway::{alive, check_config, one_model, temp_dir, Conf, Gateway, TLS_IP};
+use crate::support::gateway::{
+    alive, check_config, one_model, temp_dir, Conf, Gateway, TempDir, TLS_IP,
+};
 use crate::support::{chat, chat_body, eventually, header, key_owned_by, FakeBackend, Reply};
 
 /// A gateway with `gateway_keys` and a TLS listener whose certificate `ca`
 /// issued for `TLS_IP`.
 async fn tls_gateway(ca: &TestCa, gateway_keys: &str) -> Gateway {
-    let (cert, key) = ca.leaf(&[TLS_IP]).write(&temp_dir(), "gw");
-    Gateway::start_tls(gateway_keys, cert, key).await
+    let dir = temp_dir();
+    let (cert, key) = ca.leaf(&[TLS_IP]).write(&dir, "gw");
+    Gateway::start_tls(gateway_keys, cert, key).await.keep(dir)
 }
 
 fn https(addr: SocketAddr, path: &str) -> String {
@@ -298,10 +301,13 @@ fn check_names_the_bad_tls_file() {
     }
 }
 
-/// `upstream_tls` trusting `ca`, whose file is written to a fresh directory.
-fn trusting(ca: &TestCa) -> String {
-    let ca_file = ca.write(&temp_dir(), "backends-ca.pem");
-    format!("  upstream_tls: {{ca_file: \"{}\"}}\n", ca_file.display())
+/// `upstream_tls` trusting `ca`, whose file is written to a fresh directory
+/// (removed when the directory is dropped).
+fn trusting(ca: &TestCa) -> (String, TempDir) {
+    let dir = temp_dir();
+    let ca_file = ca.write(&dir, "backends-ca.pem");
+    let yaml = format!("  upstream_tls: {{ca_file: \"{}\"}}\n", ca_file.display());
+    (yaml, dir)
 }
 
 /// A TLS backend entry of `models:`.
@@ -318,9 +324,10 @@ async fn tls_backends_are_verified_against_the_ca_file() {
     // One verified by its IP (no `sni`), one by the name given as `sni`.
     let by_ip = FakeBackend::start_tls(ca.leaf(&["127.0.0.1"]).server_config()).await;
     let by_name = FakeBackend::start_tls(ca.leaf(&["gpu.test"]).server_config()).await;
+    let (upstream_tls, _ca_dir) = trusting(&ca);
     let keys = format!(
         "{}  health_check: {{interval_ms: 100}}\n  models:\n    - name: ip\n      addresses: [{}]\n    - name: name\n      addresses: [{}]\n",
-        trusting(&ca),
+        upstream_tls,
         tls_entry(by_ip.addr, None),
         tls_entry(by_name.addr, Some("gpu.test")),
     );
@@ -350,9 +357,10 @@ async fn a_backend_failing_verification_is_excluded_and_the_next_serves() {
     let untrusted = FakeBackend::start_tls(rogue.leaf(&["127.0.0.1"]).server_config()).await;
     let wrong_name = FakeBackend::start_tls(ca.leaf(&["gpu.test"]).server_config()).await;
     let good = FakeBackend::start_tls(ca.leaf(&["127.0.0.1"]).server_config()).await;
+    let (upstream_tls, _ca_dir) = trusting(&ca);
     let keys = format!(
         "{}  models:\n    - name: m\n      addresses: [{}, {}, {}]\n",
-        trusting(&ca),
+        upstream_tls,
         tls_entry(untrusted.addr, None),
         tls_entry(wrong_name.addr, Some("other.test")),
         tls_entry(good.addr, None),

@@ -21,8 +21,9 @@ const METRICS_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
 /// its certificates are issued for it.
 pub const TLS_IP: &str = "127.0.0.3";
 
-/// A fresh directory for one test's files.
-pub fn temp_dir() -> PathBuf {
+/// A fresh directory for one test's files, removed when dropped unless the
+/// test is failing (then its files are left to look at).
+pub fn temp_dir() -> TempDir {
     static N: AtomicUsize = AtomicUsize::new(0);
     let dir = std::env::temp_dir().join(format!(
         "poimen-test-{}-{}",
@@ -30,7 +31,25 @@ pub fn temp_dir() -> PathBuf {
         N.fetch_add(1, Ordering::SeqCst)
     ));
     std::fs::create_dir_all(&dir).unwrap();
-    dir
+    TempDir(dir)
+}
+
+pub struct TempDir(PathBuf);
+
+impl std::ops::Deref for TempDir {
+    type Target = Path;
+
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
 }
 
 /// `models:` YAML for one model over the given backends.
@@ -73,7 +92,7 @@ pub fn alive(pid: u32) -> bool {
 /// still inherits the sockets: Pingora matches them by the address strings,
 /// which stay the same.
 pub struct Conf {
-    dir: PathBuf,
+    dir: TempDir,
     grace_period_seconds: u32,
     /// A TLS listener's certificate and key files, when it has one.
     tls: Option<(PathBuf, PathBuf)>,
@@ -200,6 +219,8 @@ pub struct Gateway {
     pub tls_addr: Option<SocketAddr>,
     conf: Conf,
     child: Child,
+    /// Directories of files the gateway reads (certificates), removed with it.
+    kept: Vec<TempDir>,
 }
 
 impl Gateway {
@@ -249,12 +270,19 @@ impl Gateway {
             tls_addr: None,
             conf,
             child,
+            kept: Vec::new(),
         };
         (gw.addr, gw.metrics) = gw.conf.listening(gw.child.id()).await;
         if gw.conf.tls.is_some() {
             gw.tls_addr = Some(gw.conf.tls_listening(gw.child.id()));
         }
         gw
+    }
+
+    /// Keep `dir` (files this gateway reads) until the gateway is dropped.
+    pub fn keep(mut self, dir: TempDir) -> Gateway {
+        self.kept.push(dir);
+        self
     }
 
     /// The read end of the stderr pipe (`start_with_stderr_pipe`).
