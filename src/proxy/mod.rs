@@ -1,10 +1,12 @@
 //! The Pingora glue: `Gateway` implements `ProxyHttp` and reads as a table of
-//! contents. Decisions are made by the plain modules (`body`, `routing`,
-//! `admission`, `accounting`, `retry`); this file wires them into Pingora's
-//! phases:
+//! contents. Decisions are made by the plain modules (`api`, `body`,
+//! `routing`, `admission`, `tenants`, `accounting`, `failover`); this file
+//! wires them into Pingora's phases:
 //!
-//! - `request_filter`: answer local endpoints; read the body and find the
-//!   model; delay a warmup; choose the backend and take a slot on it;
+//! - `request_filter`: answer local endpoints; authenticate and name the
+//!   tenant; read the body and find the model (or, for a stored response,
+//!   its owner: `stored.rs`); check the tenant's budgets (`tenant.rs`); delay
+//!   a warmup; route and take a slot (`admit.rs`);
 //! - `upstream_peer`: return the chosen backend (on a retry: the next one,
 //!   and the slot moves with it);
 //! - `upstream_request_filter`: strip and add the gateway's headers (with
@@ -14,10 +16,12 @@
 //! - `fail_to_connect` / `error_while_proxy`: exclude a failed backend, retry;
 //! - `response_filter`: tell the client where the request went and why;
 //! - `upstream_response_filter` / `upstream_response_body_filter`: read the
-//!   cache accounting (and the load report) as the response passes; free
-//!   the slot when it ends;
-//! - `fail_to_proxy`: answer errors in OpenAI's shape;
-//! - `logging`: the `prefix_cache` log line and the request metrics.
+//!   usage (and the load report, and a stored response's id) as the response
+//!   passes; when it ends, free the slot and the tenant's place and charge
+//!   its tokens;
+//! - `fail_to_proxy`: answer errors in the shape of the client's API;
+//! - `logging`: the `prefix_cache` log line and the request metrics
+//!   (`record.rs`).
 
 mod admit;
 mod body_reader;
