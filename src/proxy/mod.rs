@@ -25,6 +25,7 @@
 
 mod admit;
 mod body_reader;
+mod ctx;
 mod endpoints;
 mod headers;
 mod record;
@@ -48,9 +49,8 @@ use pingora::prelude::*;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::ErrorType;
 
-use crate::accounting::{Tracker, Usage};
+use crate::accounting::Tracker;
 use crate::admission::load_report;
-use crate::admission::Permit;
 use crate::api::{Api, BodyFormat};
 use crate::auth::{self, jwt::Verifier, Reason};
 use crate::body;
@@ -61,9 +61,11 @@ use crate::failover::{self, Decision, Failure};
 use crate::metrics;
 use crate::pool::{Members, ModelPool, Refresh};
 use crate::routing::owners;
-use crate::routing::{Candidate, Input, Owners};
+use crate::routing::Owners;
 use crate::tenants::{Tenant, Tenants};
 use crate::tls;
+pub use ctx::RequestCtx;
+use ctx::{Attempt, Phase, Routed};
 use endpoints::Endpoint;
 use respond::{respond, respond_json, until_client_leaves, Stop};
 
@@ -85,124 +87,6 @@ pub struct Gateway {
     tenants: Tenants,
     /// Unix time of start, the `created` of `/v1/models` entries.
     started: u64,
-}
-
-/// What one request has decided so far, carried across Pingora's phases.
-/// Dropped by Pingora at the end of every request, which frees whatever it
-/// still holds.
-pub struct RequestCtx {
-    started: Instant,
-    /// Known once the request is authenticated.
-    tenant: Option<Arc<Tenant>>,
-    phase: Phase,
-    /// Time to the first response body byte.
-    first_byte: Option<Duration>,
-    /// An error decided by the gateway, rendered by `fail_to_proxy`.
-    error: Option<ApiError>,
-}
-
-/// How far a request got.
-enum Phase {
-    /// Not routed: answered by the gateway itself, or refused before its
-    /// model was known.
-    Local,
-    /// Its model is known, but no backend has it (refused, or the client
-    /// left while it waited): counted under that model.
-    Unserved(Arc<ModelPool>),
-    /// A backend admitted it.
-    Routed(Box<Routed>),
-}
-
-/// A request a backend admitted: what every later phase uses.
-struct Routed {
-    pool: Arc<ModelPool>,
-    /// What routing reads of it, for a retry's routing and the log line.
-    input: Input,
-    /// The body read in `request_filter` (rewritten if the gateway added
-    /// `stream_options`), emitted on every attempt.
-    body: Bytes,
-    /// Usage accounting, for the APIs that report it.
-    tracker: Option<Tracker>,
-    /// Its tenant's place in flight, until the response ends.
-    held: tenant::Held,
-    /// The response's id was handed to routing (Responses API).
-    owner_noted: bool,
-    attempt: Attempt,
-}
-
-/// One try at one backend: where, why, and the slot it holds there.
-struct Attempt {
-    /// The backend set it was routed in: it keeps the backend's state alive
-    /// until the request ends, also when discovery removes the backend
-    /// meanwhile.
-    members: Arc<Members>,
-    candidate: Candidate,
-    /// Freed as soon as the backend is done with the request.
-    permit: Option<Permit>,
-    /// Its backend failed: the next attempt goes elsewhere.
-    failed: bool,
-    response_started: bool,
-}
-
-impl Routed {
-    /// A response body chunk: accounted, and a stored response's id, once
-    /// seen, tells routing where it is stored.
-    fn on_body(&mut self, body: &mut Option<Bytes>, end_of_stream: bool) {
-        let Some(tracker) = &mut self.tracker else {
-            return;
-        };
-        tracker.on_body(body, end_of_stream);
-        if !self.owner_noted {
-            if let Some(id) = tracker.response_id() {
-                self.owner_noted = true;
-                let addr = self.attempt.candidate.addr;
-                self.pool.routing.owner_found(id, addr, Instant::now());
-            }
-        }
-    }
-
-    /// The backend is done with this request: free its slot and its
-    /// tenant's place in flight, charging the tokens it used. Later calls
-    /// do nothing.
-    fn end(&mut self) {
-        self.attempt.permit = None;
-        self.held.end(self.usage());
-    }
-
-    /// What the backend reported of its tokens, as far as it got.
-    fn usage(&self) -> Usage {
-        self.tracker
-            .as_ref()
-            .map(Tracker::usage)
-            .unwrap_or_default()
-    }
-}
-
-impl RequestCtx {
-    fn routed(&self) -> Option<&Routed> {
-        match &self.phase {
-            Phase::Routed(r) => Some(r),
-            _ => None,
-        }
-    }
-
-    fn routed_mut(&mut self) -> Option<&mut Routed> {
-        match &mut self.phase {
-            Phase::Routed(r) => Some(r),
-            _ => None,
-        }
-    }
-
-    fn response_started(&self) -> bool {
-        self.routed().is_some_and(|r| r.attempt.response_started)
-    }
-
-    /// The backend is done with this request (see [`Routed::end`]).
-    fn end(&mut self) {
-        if let Some(r) = self.routed_mut() {
-            r.end();
-        }
-    }
 }
 
 impl Gateway {
