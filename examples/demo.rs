@@ -8,10 +8,10 @@
 //! the demo reads back, so that two runs on one machine do not collide.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader};
+
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -65,6 +65,9 @@ fn text(seed: u64, words: usize) -> String {
         .join(" ")
 }
 
+#[path = "../sim/launch.rs"]
+mod launch;
+
 fn bin_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("own path");
     exe.parent()
@@ -75,24 +78,14 @@ fn bin_dir() -> PathBuf {
 
 /// A vllm-sim on a free port, and the address it reports.
 fn start_sim(bin: &Path) -> (Child, SocketAddr) {
-    let mut child = Command::new(bin)
-        .args(["--listen", &format!("{CLIENT_IP}:0"), "--model", MODEL])
-        .args(["--time-scale", "0.2"])
-        .args(["--kv-cache-tokens", "16384", "--max-num-seqs", "4"])
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("vllm-sim starts");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .trim()
-        .strip_prefix("vllm-sim listening on ")
-        .and_then(|a| a.parse().ok())
-        .unwrap_or_else(|| panic!("vllm-sim's first line: {line:?}"));
-    (child, addr)
+    let listen = format!("{CLIENT_IP}:0");
+    launch::start(
+        bin,
+        &["--listen", &listen, "--model", MODEL, "--time-scale", "0.2"]
+            .into_iter()
+            .chain(["--kv-cache-tokens", "16384", "--max-num-seqs", "4"])
+            .collect::<Vec<_>>(),
+    )
 }
 
 /// conf/demo.yaml with this run's addresses: the listeners on port 0, the

@@ -14,10 +14,10 @@ use serde_json::{json, Value};
 
 use crate::support::daemons::{upgrade, Daemons};
 use crate::support::gateway::{alive, one_model, temp_dir, Conf};
-use crate::support::metrics::sample;
+use crate::support::metrics::{sample, scrape};
 use crate::support::sdk::{run, sdk_available};
 use crate::support::sim::Sim;
-use crate::support::{client, eventually, key_owned_by, Gateway};
+use crate::support::{client, key_owned_by, Gateway};
 
 const OPENAI: &str = "openai_responses.py";
 const ANTHROPIC: &str = "anthropic_messages.py";
@@ -202,7 +202,6 @@ async fn openai_sdk_chain_reaches_its_owner_across_a_graceful_upgrade() {
     backends.extend(chain_backends(&after["chains"][0]));
     assert_one_backend(&backends, "the chain");
 
-    let metrics = format!("http://{}/metrics", listening.1);
     let lookups = |text: &str, result| {
         sample(
             text,
@@ -210,21 +209,7 @@ async fn openai_sdk_chain_reaches_its_owner_across_a_graceful_upgrade() {
             &[("result", result)],
         )
     };
-    let scrape = || async {
-        client()
-            .get(&metrics)
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
-    };
-    eventually("the new process's metrics", || async {
-        lookups(&scrape().await, "found").is_some()
-    })
-    .await;
-    let text = scrape().await;
+    let text = scrape(listening.1).await;
     assert_eq!(
         lookups(&text, "found"),
         Some(1.0),

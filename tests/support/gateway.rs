@@ -318,14 +318,7 @@ impl Gateway {
 
     /// The Prometheus text from the metrics listener.
     pub async fn metrics_text(&self) -> String {
-        crate::support::client()
-            .get(format!("http://{}/metrics", self.metrics))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
+        crate::support::metrics::scrape(self.metrics).await
     }
 
     /// One sample's value (0 when the series does not exist yet).

@@ -1,5 +1,12 @@
 //! Reading samples out of Prometheus text format.
 
+/// The Prometheus text a `/metrics` listener at `addr` serves.
+pub async fn scrape(addr: std::net::SocketAddr) -> String {
+    let url = format!("http://{addr}/metrics");
+    let resp = super::client().get(url).send().await.unwrap();
+    resp.text().await.unwrap()
+}
+
 /// The value of the sample `name{labels...}` (the given labels must all
 /// match; others may exist).
 pub fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {

@@ -2,10 +2,12 @@
 //! Responses store, the prefix cache): the binary `cargo test` builds beside
 //! the gateway's, on a free port, killed on drop.
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
+
+#[path = "../../sim/launch.rs"]
+mod launch;
 
 use super::gateway::BIN;
 
@@ -29,23 +31,16 @@ impl Sim {
     /// A sim whose delays (`--decode-us-per-token`...) are multiplied by
     /// `time_scale`: "1" takes them as given.
     pub fn start_scaled(model: &str, time_scale: &str, args: &[&str]) -> Sim {
-        let mut child = Command::new(sim_bin())
-            .args(["--listen", "127.0.0.1:0", "--model", model])
-            .args(["--time-scale", time_scale])
-            .args(args)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("vllm-sim starts");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let addr = line
-            .trim()
-            .strip_prefix("vllm-sim listening on ")
-            .and_then(|a| a.parse().ok())
-            .unwrap_or_else(|| panic!("vllm-sim's first line: {line:?}"));
+        let base = [
+            "--listen",
+            "127.0.0.1:0",
+            "--model",
+            model,
+            "--time-scale",
+            time_scale,
+        ];
+        let all: Vec<&str> = base.iter().chain(args).copied().collect();
+        let (child, addr) = launch::start(&sim_bin(), &all);
         Sim { addr, child }
     }
 
@@ -69,14 +64,7 @@ impl Sim {
 
     /// The value of `name` (all series summed) on the sim's /metrics.
     pub async fn metric(&self, name: &str) -> f64 {
-        let text = super::client()
-            .get(format!("http://{}/metrics", self.addr))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let text = super::metrics::scrape(self.addr).await;
         text.lines()
             .filter(|l| l.split([' ', '{']).next() == Some(name))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
