@@ -171,6 +171,22 @@ impl Pending {
     }
 }
 
+/// `response.output_item.added` or `.done` (`kind`) for `item`.
+async fn item_event(
+    tx: &SseSender,
+    kind: &'static str,
+    item: &OutputMessage,
+    sequence_number: u64,
+) -> Result<(), Closed> {
+    let event = ItemEvent {
+        item,
+        output_index: 0,
+        sequence_number,
+        kind,
+    };
+    tx.named(kind, &event).await
+}
+
 async fn stream(job: Job, tx: SseSender, pending: Pending) {
     let id = pending.object.id.clone();
     let finished = sse::until_closed(&tx, produce(&job, &tx, pending)).await;
@@ -199,17 +215,7 @@ async fn produce(job: &Job, tx: &SseSender, mut pending: Pending) -> Result<(), 
         job.decode_step().await;
         if i == 0 {
             let item = OutputMessage::new(&item_id, Vec::new(), "in_progress");
-            let kind = "response.output_item.added";
-            tx.named(
-                kind,
-                &ItemEvent {
-                    item: &item,
-                    output_index: 0,
-                    sequence_number: next(),
-                    kind,
-                },
-            )
-            .await?;
+            item_event(tx, "response.output_item.added", &item, next()).await?;
             let part = OutputText::new(String::new(), Some([]));
             let kind = "response.content_part.added";
             tx.named(
@@ -266,17 +272,7 @@ async fn produce(job: &Job, tx: &SseSender, mut pending: Pending) -> Result<(), 
         },
     )
     .await?;
-    let kind = "response.output_item.done";
-    tx.named(
-        kind,
-        &ItemEvent {
-            item: &item,
-            output_index: 0,
-            sequence_number: next(),
-            kind,
-        },
-    )
-    .await?;
+    item_event(tx, "response.output_item.done", &item, next()).await?;
     let sequence_number = next();
     pending.finish(job);
     let kind = "response.completed";
