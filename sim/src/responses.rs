@@ -187,6 +187,25 @@ async fn item_event(
     tx.named(kind, &event).await
 }
 
+/// `response.content_part.added` or `.done` (`kind`) for `part`.
+async fn part_event(
+    tx: &SseSender,
+    kind: &'static str,
+    item_id: &str,
+    part: &OutputText,
+    sequence_number: u64,
+) -> Result<(), Closed> {
+    let event = PartEvent {
+        content_index: 0,
+        item_id,
+        output_index: 0,
+        part,
+        sequence_number,
+        kind,
+    };
+    tx.named(kind, &event).await
+}
+
 async fn stream(job: Job, tx: SseSender, pending: Pending) {
     let id = pending.object.id.clone();
     let finished = sse::until_closed(&tx, produce(&job, &tx, pending)).await;
@@ -217,19 +236,7 @@ async fn produce(job: &Job, tx: &SseSender, mut pending: Pending) -> Result<(), 
             let item = OutputMessage::new(&item_id, Vec::new(), "in_progress");
             item_event(tx, "response.output_item.added", &item, next()).await?;
             let part = OutputText::new(String::new(), Some([]));
-            let kind = "response.content_part.added";
-            tx.named(
-                kind,
-                &PartEvent {
-                    content_index: 0,
-                    item_id: &item_id,
-                    output_index: 0,
-                    part: &part,
-                    sequence_number: next(),
-                    kind,
-                },
-            )
-            .await?;
+            part_event(tx, "response.content_part.added", &item_id, &part, next()).await?;
         }
         let kind = "response.output_text.delta";
         let e = TextDeltaEvent {
@@ -259,19 +266,7 @@ async fn produce(job: &Job, tx: &SseSender, mut pending: Pending) -> Result<(), 
         },
     )
     .await?;
-    let kind = "response.content_part.done";
-    tx.named(
-        kind,
-        &PartEvent {
-            content_index: 0,
-            item_id: &item_id,
-            output_index: 0,
-            part,
-            sequence_number: next(),
-            kind,
-        },
-    )
-    .await?;
+    part_event(tx, "response.content_part.done", &item_id, part, next()).await?;
     item_event(tx, "response.output_item.done", &item, next()).await?;
     let sequence_number = next();
     pending.finish(job);
