@@ -99,3 +99,91 @@ async fn odd_headers_and_framing_get_clear_answers() {
     // Long, binary, repeated and UTF-8 keys, HTTP/1.0: nothing else got through.
     assert_eq!(b.count(), 5);
 }
+
+/// A request on `path` with a chat body, as raw bytes.
+fn post_to(path: &str, body: &str) -> Vec<u8> {
+    format!(
+        "POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// The JSON body of a raw answer.
+fn json_of(answer: &str) -> serde_json::Value {
+    let body = answer.split("\r\n\r\n").nth(1).unwrap_or_default();
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {answer}"))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn only_plain_paths_reach_a_backend() {
+    let b = FakeBackend::start().await;
+    let gw = Gateway::start(&one_model("m", &[b.addr])).await;
+    let body = chat_body("m", "hi");
+    for path in [
+        "/v1/../admin",
+        "/v1/../v1/chat/completions",
+        "/v1/./chat/completions",
+        "/v1/chat/completions/..",
+        "/v1/%2e%2e/collective_rpc",
+        "/v1/chat%2Fcompletions",
+        "/v1/%2E/chat/completions",
+    ] {
+        let answer = raw(&gw, &post_to(path, &body)).await;
+        assert_eq!(status(&answer), 400, "{path}: {answer}");
+        assert_eq!(json_of(&answer)["error"]["code"], "invalid_body", "{path}");
+    }
+    // On Anthropic's API, in its shape.
+    let answer = raw(&gw, &post_to("/v1/messages/../count_tokens", &body)).await;
+    assert_eq!(status(&answer), 400);
+    assert_eq!(json_of(&answer)["error"]["type"], "invalid_request_error");
+    assert_eq!(json_of(&answer)["type"], "error");
+    // An absolute-form target never reaches a backend either.
+    let absolute = post_to("http://10.0.0.1/v1/chat/completions", &body);
+    assert_eq!(status(&raw(&gw, &absolute).await), 400);
+    // A path that is not vLLM's is not forwarded at all.
+    assert_eq!(
+        status(&raw(&gw, &post_to("/scale_elastic_ep", &body)).await),
+        404
+    );
+    assert_eq!(b.count(), 0, "the backend saw none of them");
+    let answer = raw(&gw, &post_to("/v1/chat/completions", &body)).await;
+    assert_eq!(status(&answer), 200);
+    assert_eq!(b.seen()[0].path, "/v1/chat/completions");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_malformed_chunked_body_is_the_clients_error() {
+    let b = FakeBackend::start().await;
+    let gw = Gateway::start(&one_model("m", &[b.addr])).await;
+    for (path, shape) in [
+        ("/v1/chat/completions", "openai"),
+        ("/v1/messages", "anthropic"),
+    ] {
+        let request = format!(
+            "POST {path} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nZZ\r\nabc\r\n0\r\n\r\n"
+        );
+        let answer = raw(&gw, request.as_bytes()).await;
+        assert_eq!(status(&answer), 400, "{answer}");
+        let error = json_of(&answer);
+        match shape {
+            "openai" => assert_eq!(error["error"]["code"], "invalid_body"),
+            _ => assert_eq!(error["error"]["type"], "invalid_request_error"),
+        }
+    }
+    // Neither sent on, nor blamed: the backend is up and counted no failure.
+    assert_eq!(b.count(), 0);
+    assert_eq!(
+        gw.metric("poimen_gateway_backend_failures_total", &[])
+            .await,
+        0.0
+    );
+    let health: serde_json::Value = get(&gw, "/health").await.json().await.unwrap();
+    assert_eq!(health["models"][0]["backends"][0]["state"], "up");
+    // The client's mistake is no ERROR of the gateway's.
+    assert!(
+        !gw.log_lines().iter().any(|l| l["level"] == "ERROR"),
+        "{}",
+        gw.stderr()
+    );
+}

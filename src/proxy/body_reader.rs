@@ -59,6 +59,13 @@ pub async fn read_whole(session: &mut Session, limit: usize) -> Result<Bytes, St
                 }
             }
             Ok(None) => break,
+            // The client's framing is broken: its error, not the backend's
+            // (and the connection cannot carry another request).
+            Err(e) if e.etype().as_str() == "InvalidChunk" => {
+                session.set_keepalive(None);
+                let why = "the chunked request body is malformed";
+                return Err(Stop::Answer(ApiError::BadRequest(why.into())));
+            }
             Err(e) => return Err(Stop::ClientGone(e)),
         }
     }

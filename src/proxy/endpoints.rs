@@ -20,6 +20,31 @@ pub enum Endpoint {
     NotFound,
 }
 
+/// Whether a request target is one the gateway forwards: the origin form
+/// (a path, no scheme or host), without dot segments and without encoded
+/// dots or slashes, so that nothing behind the gateway that normalises
+/// paths could read it as another route than the one matched here.
+pub fn plain_target(uri: &http::Uri) -> bool {
+    let path = uri.path();
+    let encoded = |p: &str| {
+        let p = p.as_bytes();
+        p.windows(3).any(|w| {
+            w[0] == b'%'
+                && matches!(
+                    (w[1], w[2].to_ascii_lowercase()),
+                    (b'2', b'e' | b'f') | (b'5', b'c')
+                )
+        })
+    };
+    uri.scheme().is_none()
+        && uri.authority().is_none()
+        && path.starts_with('/')
+        && !encoded(path)
+        && !path
+            .split('/')
+            .any(|segment| segment == "." || segment == "..")
+}
+
 pub fn classify(method: &Method, path: &str) -> Endpoint {
     match (method, path) {
         (&Method::GET, "/health") => Endpoint::Health,
@@ -88,6 +113,10 @@ mod tests {
             Endpoint::Stored("resp_1".into())
         );
         assert_eq!(classify(&Method::POST, "/v1/x"), Endpoint::NotFound);
+        assert_eq!(
+            classify(&Method::POST, "/v1/../v1/chat/completions"),
+            Endpoint::NotFound
+        );
         assert_eq!(classify(&Method::GET, "/v1/models"), Endpoint::Models);
         assert_eq!(classify(&Method::GET, "/health"), Endpoint::Health);
         assert_eq!(
@@ -96,5 +125,26 @@ mod tests {
         );
         assert_eq!(classify(&Method::POST, "/v2/x"), Endpoint::NotFound);
         assert_eq!(classify(&Method::POST, "/v1"), Endpoint::NotFound);
+    }
+
+    #[test]
+    fn only_plain_targets() {
+        let plain = |t: &str| plain_target(&t.parse().unwrap());
+        assert!(plain("/v1/chat/completions") && plain("/v1/responses/resp_1?stream=true"));
+        for bad in [
+            "/v1/../admin",
+            "/v1/./chat/completions",
+            "/v1/chat/completions/..",
+            "/v1/%2e%2e/admin",
+            "/v1/%2E/x",
+            "/v1/chat%2Fcompletions",
+            "/v1%5cadmin",
+            "http://evil/v1/chat/completions",
+            "*",
+        ] {
+            assert!(!plain(bad), "{bad}");
+        }
+        // Dots inside a segment are a name, not a segment.
+        assert!(plain("/v1/models/qwen2.5-7b"));
     }
 }

@@ -392,6 +392,15 @@ impl ProxyHttp for Gateway {
         downstream.set_close_on_response_before_downstream_finish(false);
         downstream.set_total_drain_timeout(Some(REFUSED_BODY_DRAIN));
         let req = session.req_header();
+        if !endpoints::plain_target(&req.uri) {
+            let why = "the request target must be a plain path: no scheme or host, no dot segments, no encoded dots or slashes";
+            respond(
+                session,
+                ApiError::BadRequest(why.into()).response(shape(session)),
+            )
+            .await;
+            return Ok(true);
+        }
         let endpoint = endpoints::classify(&req.method, req.uri.path());
         // Before anything is read or queued; `/health` needs no credential.
         let authenticated = match endpoint {
