@@ -279,16 +279,16 @@ async fn anthropic_sdk_messages_are_counted_as_the_backends_count_them() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn anthropic_sdk_gets_its_typed_authentication_error() {
+async fn anthropic_sdk_gets_its_typed_authentication_and_rate_limit_errors() {
     if !sdk_available("anthropic").await {
         return;
     }
     let sim = Sim::start("m", &[]);
     let dir = temp_dir();
     let keys = dir.join("api-keys");
-    std::fs::write(&keys, "sdk-key-1\n").unwrap();
+    std::fs::write(&keys, "sdk:sdk-key-1\n").unwrap();
     let gw = Gateway::start(&format!(
-        "  auth: {{api_keys_file: \"{}\"}}\n{}",
+        "  auth: {{api_keys_file: \"{}\"}}\n  tenants: {{list: [{{name: sdk, requests_per_minute: 1}}]}}\n{}",
         keys.display(),
         one_model("m", &[sim.addr])
     ))
@@ -300,6 +300,11 @@ async fn anthropic_sdk_gets_its_typed_authentication_error() {
     assert_eq!(wrong["body"]["type"], "error");
     assert_eq!(wrong["body"]["error"]["type"], "authentication_error");
     assert!(v["right"].as_str().is_some_and(|t| !t.is_empty()), "{v}");
+    // The key's tenant has one request a minute: the next is refused.
+    let limited = &v["limited"];
+    assert_error(limited, "RateLimitError", 429);
+    assert_eq!(limited["retry_after"], "60");
+    assert_eq!(limited["body"]["error"]["type"], "rate_limit_error");
 
     let reason = [("reason", "unknown_key")];
     settles(&gw, "poimen_gateway_auth_failures_total", &reason, 1.0).await;

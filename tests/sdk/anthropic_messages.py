@@ -66,23 +66,27 @@ def session(base, model, args):
     return {"turns": turns, "count_tokens": counted.input_tokens}
 
 
-def auth(base, model, args):
+def refusal(c, model):
+    """The typed error a request gets, or None when it is served."""
     try:
-        ask(client(base, key=args.key + "-wrong"), model)
-        wrong = None
+        ask(c, model)
+        return None
     except anthropic.APIStatusError as e:
-        wrong = error(e)
-    return {"wrong": wrong, "right": ask(client(base, key=args.key), model).content[0].text}
+        return error(e)
+
+
+def auth(base, model, args):
+    """A wrong key, the right one, then the right one again: over its
+    tenant's budget of one request a minute."""
+    wrong = refusal(client(base, key=args.key + "-wrong"), model)
+    right = ask(client(base, key=args.key), model).content[0].text
+    return {"wrong": wrong, "right": right, "limited": refusal(client(base, key=args.key), model)}
 
 
 def overloaded(base, model, args):
     """While the gateway's only slot is taken: refused at once without
     retries; with the SDK's default retries, served once the slot frees."""
-    try:
-        ask(client(base), model)
-        refused = None
-    except anthropic.APIStatusError as e:
-        refused = error(e)
+    refused = refusal(client(base), model)
     started = time.monotonic()
     retrying = client(base, max_retries=anthropic.DEFAULT_MAX_RETRIES)
     raw = retrying.messages.with_raw_response.create(
