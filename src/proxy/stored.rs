@@ -93,15 +93,20 @@ async fn ask(connector: &Connector, peer: &HttpPeer, request: RequestHeader) -> 
     {
         return Answer::Failed;
     }
-    let status = session.response_header().map(|h| h.status.as_u16());
-    let mut body = Vec::new();
-    while let Ok(Some(chunk)) = session.read_response_body().await {
-        let room = NOT_FOUND_BODY_BYTES.saturating_sub(body.len());
-        body.extend_from_slice(&chunk[..chunk.len().min(room)]);
-    }
-    match status {
+    match session.response_header().map(|h| h.status.as_u16()) {
+        // The connection is not reused: the stored response need not be read.
         Some(200) => Answer::Has,
-        Some(404) => Answer::NotFound(body.into()),
+        Some(404) => {
+            let mut body = Vec::new();
+            while let Ok(Some(chunk)) = session.read_response_body().await {
+                let room = NOT_FOUND_BODY_BYTES.saturating_sub(body.len());
+                body.extend_from_slice(&chunk[..chunk.len().min(room)]);
+                if room == 0 {
+                    break;
+                }
+            }
+            Answer::NotFound(body.into())
+        }
         _ => Answer::Failed,
     }
 }
