@@ -25,6 +25,13 @@ Phases (each runs mode `no-key`, then mode `key`; caches cold before each):
         token, and its chat template renders a chat exactly as vllm-sim does,
         so block boundaries fall on the same bytes), restarted per mode.
   no-key: no X-Poimen-Cache-Key (round-robin); key: the session id as the key.
+  apis  on the same vLLM servers (VLLM_ENABLE_RESPONSES_API_STORE=1), after
+        `real`: the first --api-sessions sessions as Responses chains and as
+        Anthropic Messages conversations, through the openai and anthropic
+        SDKs, streamed and not, keyed and keyless (`routing.keyless: system`),
+        a fresh gateway and empty caches per row (apis.py); then raw probes
+        of what vLLM sends on those APIs, and --owner-probes stored responses
+        continued through a gateway that never saw them.
 Then, per mode, the real run's requests replayed on two fresh vllm-sim (no
 gateway): one at a time, in the order the real run sent them, each to the
 backend the gateway chose for it in the real run; and three probes on one
