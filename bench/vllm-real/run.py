@@ -25,6 +25,13 @@ Phases (each runs mode `no-key`, then mode `key`; caches cold before each):
         token, and its chat template renders a chat exactly as vllm-sim does,
         so block boundaries fall on the same bytes), restarted per mode.
   no-key: no X-Poimen-Cache-Key (round-robin); key: the session id as the key.
+  apis  on the same vLLM servers (VLLM_ENABLE_RESPONSES_API_STORE=1), after
+        `real`: the first --api-sessions sessions as Responses chains and as
+        Anthropic Messages conversations, through the openai and anthropic
+        SDKs, streamed and not, keyed and keyless (`routing.keyless: system`),
+        a fresh gateway and empty caches per row (apis.py); then raw probes
+        of what vLLM sends on those APIs, and --owner-probes stored responses
+        continued through a gateway that never saw them.
 Then, per mode, the real run's requests replayed on two fresh vllm-sim (no
 gateway): one at a time, in the order the real run sent them, each to the
 backend the gateway chose for it in the real run; and three probes on one
@@ -71,6 +78,8 @@ sys.dont_write_bytecode = True
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 import common as C  # noqa: E402
+
+import apis  # noqa: E402  (bench/vllm-real/apis.py)
 
 MODEL = "tiny"
 SIM_BYTES_PER_TOKEN = 4
@@ -215,6 +224,7 @@ def vllm_env(a) -> dict:
         "VLLM_CPU_OMP_THREADS_BIND": "nobind",
         "OMP_NUM_THREADS": "1",
         "VLLM_SERVER_DEV_MODE": "1",  # POST /reset_prefix_cache (loopback only)
+        "VLLM_ENABLE_RESPONSES_API_STORE": "1",  # store: true keeps responses (phase apis)
         "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",  # no usage reporting
         "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",  # the model is local
         "VLLM_HOST_IP": "127.0.0.1", "VLLM_LOOPBACK_IP": "127.0.0.1",  # loopback only
@@ -261,8 +271,13 @@ def counters(ports: list[int]) -> dict[int, dict]:
     for p in ports:
         m = C.http_get(f"http://127.0.0.1:{p}/metrics", timeout=10)
         out[p] = {"hits": C.prom_values(m, "vllm:prefix_cache_hits_total"),
-                  "queries": C.prom_values(m, "vllm:prefix_cache_queries_total")}
+                  "queries": C.prom_values(m, "vllm:prefix_cache_queries_total"),
+                  # counted per request at its first output (queries and hits: at admission)
+                  "prompt": C.prom_values(m, "vllm:prompt_tokens_total"),
+                  "cached": C.prom_values(m, "vllm:prompt_tokens_cached_total")}
     return out
+
+COUNTERS = ("hits", "queries", "prompt", "cached")
 
 
 def gateway_counters(metrics_port: int) -> dict:
@@ -276,7 +291,21 @@ def gateway_counters(metrics_port: int) -> dict:
             per_backend[labels.get("backend", "?").strip('"')] = float(val)
     return {"hits": C.prom_values(m, "vllm_prefix_cache_hit_tokens_total"),
             "prompt": C.prom_values(m, "poimen_gateway_prompt_tokens_total"),
-            "per_backend": per_backend}
+            "per_backend": per_backend, "owner_lookups": labelled(m, "poimen_gateway_response_owner_lookups_total",
+                                                                  "result")}
+
+
+def labelled(metrics: str, name: str, label: str) -> dict[str, float]:
+    """The non-zero samples of one metric by the value of one label."""
+    out: dict[str, float] = {}
+    for line in metrics.splitlines():
+        if line.startswith(name + "{"):
+            head, _, val = line.rpartition(" ")
+            for kv in head[head.index("{") + 1:-1].split(","):
+                k, _, v = kv.partition("=")
+                if k == label and float(val):
+                    out[v.strip('"')] = out.get(v.strip('"'), 0.0) + float(val)
+    return out
 
 
 def run_mode(bins, wd, procs, phase: str, mode: str, ports: list[int], sessions, a) -> dict:
@@ -297,7 +326,7 @@ def run_mode(bins, wd, procs, phase: str, mode: str, ports: list[int], sessions,
     finally:
         procs.stop(gw)
     recs = res["records"]
-    delta = {p: {k: after[p][k] - before[p][k] for k in ("hits", "queries")} for p in ports}
+    delta = {p: {k: after[p][k] - before[p][k] for k in COUNTERS} for p in ports}
     bad = [r for r in recs if r["status"] != 200 or r["error"]]
     unit = SIM_BYTES_PER_TOKEN if phase == "sim" else 1
     block = a.block_size  # in bytes, in both phases
@@ -308,6 +337,8 @@ def run_mode(bins, wd, procs, phase: str, mode: str, ports: list[int], sessions,
         "error_samples": [r["error"] for r in bad[:3]],
         "engine_hits": sum(d["hits"] for d in delta.values()),
         "engine_queries": sum(d["queries"] for d in delta.values()),
+        "engine_prompt": sum(d["prompt"] for d in delta.values()),
+        "engine_cached": sum(d["cached"] for d in delta.values()),
         "engine_per_port": delta,
         "gw_hits": gwc["hits"], "gw_prompt": gwc["prompt"], "gw_per_backend": gwc["per_backend"],
         "client_hits": sum(r["cached_tokens"] or 0 for r in recs),
@@ -317,6 +348,117 @@ def run_mode(bins, wd, procs, phase: str, mode: str, ports: list[int], sessions,
         "per_backend_requests": {b: sum(1 for r in recs if r["backend"] == b)
                                  for b in sorted({r["backend"] for r in recs}, key=str)},
     }
+
+
+def run_api_mode(bins, wd, procs, api: str, stream: bool, mode: str, ports: list[int], sessions, a) -> dict:
+    """One API and mode of phase `apis` through a fresh gateway
+    (`routing.keyless: system`), with vLLM's counters read around it."""
+    name = f"gw-{api}-{'stream' if stream else 'json'}-{mode}"
+    gw_port, gw_metrics = C.free_port(), C.free_port()
+    cfg = C.gateway_yaml(wd, name, gw_port, gw_metrics,
+                         [{"name": MODEL, "addresses": [f"127.0.0.1:{p}" for p in ports]}],
+                         threads=2,
+                         scheduler={"max_num_seqs": 4, "max_queue_depth": 20,
+                                    "queue_timeout_ms": int(a.request_timeout * 1000)},
+                         extra={"routing": {"keyless": "system"}})
+    gw = C.start_gateway(procs, bins, name, cfg, gw_port)
+    try:
+        before = counters(ports)
+        res = asyncio.run(apis.run_api_workload(gw_port, sessions, api, stream, mode == "keyed", a))
+        time.sleep(1.5)  # let vLLM's logger publish its last counters
+        after = counters(ports)
+        gwc = gateway_counters(gw_metrics)
+    finally:
+        procs.stop(gw)
+    recs = res["records"]
+    delta = {p: {k: after[p][k] - before[p][k] for k in COUNTERS} for p in ports}
+    bad = [r for r in recs if r["error"]]
+    by_session: dict[int, set] = {}
+    for r in recs:
+        if r["backend"]:
+            by_session.setdefault(r["session"], set()).add(r["backend"])
+    routes: dict[str, int] = {}
+    for r in recs:
+        if r["route"]:
+            routes[r["route"]] = routes.get(r["route"], 0) + 1
+    return {
+        "api": api, "stream": stream, "mode": mode, "wall": res["wall"], "records": recs,
+        "errors": len(bad), "not_found": sum(1 for r in bad if "not found" in r["error"].lower()),
+        "error_samples": [r["error"] for r in bad[:3]],
+        **{f"engine_{k}": sum(d[k] for d in delta.values()) for k in COUNTERS},
+        "engine_per_port": delta,
+        "gw_hits": gwc["hits"], "gw_prompt": gwc["prompt"], "gw_per_backend": gwc["per_backend"],
+        "client_hits": sum(r["cached_tokens"] or 0 for r in recs),
+        "client_prompt": sum(r["prompt_tokens"] or 0 for r in recs),
+        "usage_missing": sum(1 for r in recs if not r["error"] and r["cached_tokens"] is None),
+        "split_sessions": sum(1 for v in by_session.values() if len(v) > 1),
+        "routes": routes, "owner_lookups": gwc["owner_lookups"],
+        "per_backend_requests": {b: sum(1 for r in recs if r["backend"] == b)
+                                 for b in sorted({r["backend"] for r in recs if r["backend"]})},
+        "start_input_tokens": [(r["start_input_tokens"], r["prompt_tokens"]) for r in recs
+                               if r.get("start_input_tokens") is not None],
+    }
+
+
+def owner_probe(bins, wd, procs, ports: list[int], a) -> dict:
+    """Stored responses across a gateway restart: gateway 1 (round-robin)
+    creates --owner-probes responses; gateway 2, which never saw them,
+    continues each (it must ask the backends: GET /v1/responses/{id}), then
+    continues the continuation (now known), retrieves one, and sends an
+    unknown id. Raw HTTP, so statuses and bodies are as received."""
+    def gw(name):
+        port, metrics = C.free_port(), C.free_port()
+        cfg = C.gateway_yaml(wd, name, port, metrics,
+                             [{"name": MODEL, "addresses": [f"127.0.0.1:{p}" for p in ports]}], threads=2)
+        return C.start_gateway(procs, bins, name, cfg, port), port, metrics
+
+    def call(port, method, path, body=None):
+        req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method,
+                                     data=json.dumps(body).encode() if body is not None else None,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=120) as r:
+                return r.status, dict(r.headers), r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, dict(e.headers), e.read().decode()
+
+    rng = random.Random(a.seed * 17 + 3)
+    body = {"model": MODEL, "store": True, "max_output_tokens": 4, "temperature": 0}
+    made = []
+    g1, p1, _ = gw("gw-owner-1")
+    try:
+        for i in range(a.owner_probes):
+            st, h, txt = call(p1, "POST", "/v1/responses", dict(body, instructions=C.text(rng, 300),
+                                                                 input=C.text(rng, 200)))
+            made.append({"status": st, "backend": h.get("X-Poimen-Backend"), "id": json.loads(txt).get("id")
+                         if st == 200 else None})
+    finally:
+        procs.stop(g1)
+    g2, p2, m2 = gw("gw-owner-2")
+    out = {"made": made, "continued": [], "again": [], "retrieve": None, "unknown": None}
+    try:
+        for x in made:
+            if not x["id"]:
+                continue
+            st, h, txt = call(p2, "POST", "/v1/responses", dict(body, input="next", previous_response_id=x["id"]))
+            nid = json.loads(txt).get("id") if st == 200 else None
+            out["continued"].append({"status": st, "backend": h.get("X-Poimen-Backend"),
+                                     "route": h.get("X-Poimen-Route"), "owner": x["backend"], "id": nid,
+                                     "body": txt[:300] if st != 200 else None})
+            if nid:
+                st, h, txt = call(p2, "POST", "/v1/responses", dict(body, input="again", previous_response_id=nid))
+                out["again"].append({"status": st, "backend": h.get("X-Poimen-Backend"),
+                                     "route": h.get("X-Poimen-Route"), "owner": x["backend"]})
+        if made and made[0]["id"]:
+            st, h, txt = call(p2, "GET", f"/v1/responses/{made[0]['id']}")
+            out["retrieve"] = {"status": st, "backend": h.get("X-Poimen-Backend"), "owner": made[0]["backend"]}
+        st, h, txt = call(p2, "POST", "/v1/responses", dict(body, input="x",
+                                                            previous_response_id="resp_0123456789abcdef"))
+        out["unknown"] = {"status": st, "body": txt, "route": h.get("X-Poimen-Route")}
+        out["lookups"] = gateway_counters(m2)["owner_lookups"]
+    finally:
+        procs.stop(g2)
+    return out
 
 
 def replay(ports: list[int], real_recs: list[dict], sessions: list[dict], a) -> dict:
@@ -387,7 +529,8 @@ def fpct(x) -> str:
 
 
 def render(a, env_info: dict, ideal: dict, runs: dict, replays: dict, probe_results: dict, allruns: dict,
-           fidelity: list[str], notes: list[str], elapsed: float) -> str:
+           fidelity: list[str], notes: list[str], elapsed: float, api_runs: list[dict],
+           api_probes: list[dict], owner: dict) -> str:
     bins = env_info["bins"]
     L = C.report_head("Proof against real vLLM: prefix-cache hits through the gateway, and vllm-sim's fidelity",
                       bins)
@@ -458,10 +601,180 @@ def render(a, env_info: dict, ideal: dict, runs: dict, replays: dict, probe_resu
                  f"{fpct(rate / ideal['hit_rate']) if rate is not None and ideal['hit_rate'] else '—'} |")
     L += ["", "## vllm-sim's fidelity", ""] + fidelity
     L += ["", "## Reading the figures", ""] + [f"- {x}" for x in reading(a, ideal, runs, replays, probe_results, allruns)]
+    L += api_lines(a, api_runs, allruns, sessions_of(a))
+    L += owner_lines(owner)
+    if api_probes:
+        L += ["", "## What vLLM sends on these APIs (raw probes)", "",
+              "Straight to the vLLM servers (no gateway, no SDK: `http.client`), each prompt fresh text sent twice "
+              "(a cold miss, then a hit of its whole blocks but the last token's); bodies as received.", ""]
+        L += apis.probe_lines(api_probes)
     if notes:
         L += ["", "## Notes", ""] + [f"- {n}" for n in notes]
     L += ["", "## Setting up vLLM's CPU build here (what `run.sh` does and why)", ""] + [f"- {x}" for x in SETUP_NOTES]
     return "\n".join(L) + "\n"
+
+
+def sessions_of(a) -> list[dict]:
+    return build_workload(a)[:a.api_sessions]
+
+
+def owner_lines(o: dict) -> list[str]:
+    if not o:
+        return []
+    cont, again = o["continued"], o["again"]
+    ok = lambda xs: sum(1 for x in xs if x["status"] == 200 and x["backend"] == x["owner"])  # noqa: E731
+    L = ["", "### Stored responses across a gateway restart", "",
+         f"Gateway 1 (round-robin) created {len(o['made'])} stored responses "
+         f"({', '.join(str(x['backend']) for x in o['made'])}); a second gateway that never saw them then continued "
+         f"each (`previous_response_id`, no key), continued each continuation, retrieved one "
+         f"(`GET /v1/responses/{{id}}`) and sent an unknown id. Raw HTTP.", "",
+         "| request | answered 200 by the owner | routes | expected |", "|---|---|---|---|",
+         f"| continue (unknown to this gateway) | {ok(cont)}/{len(cont)} | "
+         f"{', '.join(sorted({str(x['route']) for x in cont}))} | all, `owner` (found by asking the backends) |",
+         f"| continue the continuation | {ok(again)}/{len(again)} | "
+         f"{', '.join(sorted({str(x['route']) for x in again}))} | all, `owner` (learnt from the response) |"]
+    if o.get("retrieve"):
+        r = o["retrieve"]
+        L.append(f"| retrieve | {1 if r['status'] == 200 and r['backend'] == r['owner'] else 0}/1 | — | 1 |")
+    if o.get("unknown"):
+        u = o["unknown"]
+        L.append(f"| unknown id | {u['status']}: `{u['body'].strip()}` | {u['route'] or '—'} | vLLM's 404 as vLLM sends it |")
+    L += ["", "Owner lookups (`poimen_gateway_response_owner_lookups_total` of the second gateway, by result): "
+          + (", ".join(f"{k} {fnum(v)}" for k, v in sorted(o.get("lookups", {}).items())) or "none") + "."]
+    bad = [x for x in cont + again if x["status"] != 200 or x["backend"] != x["owner"]]
+    if bad:
+        L.append("Wrong: " + "; ".join(f"{x['status']} from {x['backend']} (owner {x['owner']}) {x.get('body') or ''}"
+                                      for x in bad))
+    return L
+
+
+def api_lines(a, api_runs: list[dict], allruns: dict, sessions: list[dict]) -> list[str]:
+    if not api_runs:
+        return []
+    n_sess = len({r["session"] for r in api_runs[0]["records"]})
+    L = ["", "## Responses API and Anthropic Messages through the gateway (official SDKs)", "",
+         f"Phase `apis`, on the same two vLLM servers (`VLLM_ENABLE_RESPONSES_API_STORE=1`), caches emptied before "
+         f"each row, a fresh gateway per row with `routing.keyless: system`: the workload's first {n_sess} sessions, "
+         f"{a.turns} turns each, no warmups, max {a.max_tokens} output tokens, {a.concurrency} sessions at a time, "
+         f"SDK retries off. `responses`: `openai` {_dist('openai')} `client.responses.create`, a chain "
+         "(`store: true`, each turn `previous_response_id` = the turn before's id, `instructions` = the system "
+         "message on every turn, `input` = the question); `messages`: `anthropic` "
+         f"{_dist('anthropic')} `client.messages.create` (`system` + messages growing by the fixed answer and "
+         "the next question: the chat turns' prompts). `keyed`: X-Poimen-Cache-Key = the session; `keyless`: "
+         "none. Failed = an exception, an error event or no usage (a chain stops at its first failure); `404` = "
+         "of them \"Response with id ... not found\". Prompt tokens: vLLM's `vllm:prompt_tokens_total` and "
+         "`vllm:prefix_cache_queries_total` (sums of both servers' deltas), the gateway's "
+         "`poimen_gateway_prompt_tokens_total`, the client's usage (Responses `input_tokens`; Messages "
+         "`input_tokens + cache_read_input_tokens + cache_creation_input_tokens`). Hit tokens: "
+         "`vllm:prefix_cache_hits_total` and `vllm:prompt_tokens_cached_total`, the gateway's "
+         "`vllm_prefix_cache_hit_tokens_total`, the client's (`input_tokens_details.cached_tokens`; "
+         "`cache_read_input_tokens`). Hit rate = vLLM's hits / its prompt tokens. `split` = sessions whose turns "
+         "went to more than one backend.", ""]
+    for api in apis.APIS:
+        rows = [r for r in api_runs if r["api"] == api]
+        if not rows:
+            continue
+        L += [f"### {api}", "",
+              "| stream | mode | turns (failed, 404) | prompt: vLLM prompt_tokens | vLLM queries | gateway | client "
+              "| hits: vLLM prefix_cache_hits | vLLM prompt_tokens_cached | gateway | client | gateway - vLLM "
+              "(prompt, hits) | hit rate | routes | split | wall |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            rate = r["engine_hits"] / r["engine_prompt"] if r["engine_prompt"] else None
+            routes = ", ".join(f"{k} {v}" for k, v in sorted(r["routes"].items()))
+            L.append(f"| {'yes' if r['stream'] else 'no'} | {r['mode']} | {len(r['records'])} ({r['errors']}, "
+                     f"{r['not_found']}) | {fnum(r['engine_prompt'])} | {fnum(r['engine_queries'])} | "
+                     f"{fnum(r['gw_prompt'])} | {fnum(r['client_prompt'])} | {fnum(r['engine_hits'])} | "
+                     f"{fnum(r['engine_cached'])} | {fnum(r['gw_hits'])} | {fnum(r['client_hits'])} | "
+                     f"{fnum(r['gw_prompt'] - r['engine_prompt'])}, {fnum(r['gw_hits'] - r['engine_hits'])} | "
+                     f"{fpct(rate)} | {routes} | {r['split_sessions']} | {r['wall']:.1f} s |")
+        L.append("")
+    L += ["Per backend (hit tokens, vLLM's `vllm:prefix_cache_hits_total` / the gateway's label `backend`; "
+          "requests):", ""]
+    for r in api_runs:
+        parts = []
+        for p, d in r["engine_per_port"].items():
+            g = r["gw_per_backend"].get(f"127.0.0.1:{p}", 0.0)
+            n = r["per_backend_requests"].get(f"127.0.0.1:{p}", 0)
+            parts.append(f"`:{p}` {fnum(d['hits'])} / {fnum(g)} ({n})")
+        L.append(f"- {r['api']} {'streamed' if r['stream'] else 'not streamed'} {r['mode']}: " + "; ".join(parts))
+    turns = [prompt_bytes(msgs) for se in sessions for kind, msgs in session_requests(se) if kind != "warmup"]
+    ideal = oracle([("all", p) for p in turns], a.block_size)
+    L += ["", "Reading:", ""] + [f"- {x}" for x in api_reading(api_runs, allruns)]
+    L.append(f"- The Messages turns are the chat turns without their warmups: {fnum(ideal['prompt_tokens'])} prompt "
+             f"bytes as `<role>\\n<content>\\n` renders them (vLLM counted "
+             f"{fnum(next((r['engine_prompt'] for r in api_runs if r['api'] == 'messages'), None))}), ideal hit "
+             f"rate (one cache seeing every request, as above) {fpct(ideal['hit_rate'])} = {fnum(ideal['hit_tokens'])} "
+             "tokens. The Responses chains' prompts also carry the model's own answers (stored by vLLM), so they "
+             "differ from these.")
+    shared = len(("system\n" + "x" * a.system_bytes).encode()) // a.block_size * a.block_size
+    for r in api_runs:
+        if r["api"] != "messages":
+            continue
+        nb = sum(1 for v in r["per_backend_requests"].values() if v)
+        gap = ideal["hit_tokens"] - r["engine_hits"]
+        L.append(f"- messages {'streamed' if r['stream'] else 'not streamed'} {r['mode']}: "
+                 f"{fnum(r['engine_hits'])} hit tokens, {fnum(gap)} short of the ideal"
+                 + (f": exactly the prompt shared by all sessions ({shared} tokens of whole blocks) computed once "
+                    f"more on each of the {nb - 1} other backend(s) the sessions landed on."
+                    if gap == shared * (nb - 1) else f" ({fnum(shared * (nb - 1))} of it the shared prompt "
+                                                     f"computed once per backend)."))
+    return L
+
+
+def _dist(name: str) -> str:
+    import importlib.metadata as md
+    try:
+        return md.version(name)
+    except md.PackageNotFoundError:
+        return "?"
+
+
+def api_reading(api_runs: list[dict], allruns: dict) -> list[str]:
+    out = []
+    failed = sum(r["errors"] for r in api_runs)
+    nf = sum(r["not_found"] for r in api_runs)
+    turns = sum(len(r["records"]) for r in api_runs)
+    out.append(f"Failed turns: {failed} of {turns}" + (f" ({nf} \"not found\")" if failed else "") + (
+        "; samples: " + "; ".join(f"`{x}`" for r in api_runs for x in r["error_samples"][:1]) if failed else "."))
+    pe = [r for r in api_runs if r["gw_prompt"] != r["engine_prompt"]]
+    he = [r for r in api_runs if r["gw_hits"] != r["engine_hits"]]
+    name = lambda r: f"{r['api']} {'streamed' if r['stream'] else 'not streamed'} {r['mode']}"  # noqa: E731
+    out.append("Gateway against vLLM: prompt tokens " + (
+        "equal to `vllm:prompt_tokens_total` in every row" if not pe else
+        "differ in " + ", ".join(f"{name(r)} ({r['gw_prompt'] - r['engine_prompt']:+,.0f})" for r in pe)) +
+        "; hit tokens " + ("equal to `vllm:prefix_cache_hits_total` in every row" if not he else
+                           "differ in " + ", ".join(f"{name(r)} ({r['gw_hits'] - r['engine_hits']:+,.0f})"
+                                                    for r in he)) + "; per backend " + (
+        "too" if all(r["gw_per_backend"].get(f"127.0.0.1:{p}", 0.0) == d["hits"]
+                     for r in api_runs for p, d in r["engine_per_port"].items()) else
+        "NOT always (see above)") + ".")
+    q = [r for r in list(api_runs) + [r for k, r in allruns.items() if k[0] == "real"]
+         if r["engine_prompt"] != r["engine_queries"] or r["engine_cached"] != r["engine_hits"]]
+    out.append("vLLM's counters: `vllm:prompt_tokens_total` (counted per request at its first output) " + (
+        "equals `vllm:prefix_cache_queries_total` (counted at admission; preempted requests' re-admissions "
+        "apart), and `vllm:prompt_tokens_cached_total` equals `vllm:prefix_cache_hits_total`, in every run "
+        "on vLLM (chat and these)" if not q else f"and the admission counters differ in {len(q)} runs") +
+        ". The first pair is the one the gateway's counters mean (one count per request that got an answer "
+        "with usage); without preemptions or requests aborted before their first token both pairs agree.")
+    lk = [f"{name(r)}: " + ", ".join(f"{k} {fnum(v)}" for k, v in sorted(r["owner_lookups"].items()))
+          for r in api_runs if r["api"] == "responses"]
+    if lk:
+        out.append("Owner lookups (`poimen_gateway_response_owner_lookups_total` by result): " + "; ".join(lk) + ".")
+    starts = [x for r in api_runs for x in r["start_input_tokens"]]
+    if starts:
+        whole = sum(1 for s0, p in starts if s0 == p)
+        out.append(f"Messages streams: `message_start` carried the whole prompt as `input_tokens` in {whole} of "
+                   f"{len(starts)} streams (`message_delta` then the split).")
+    for api in apis.APIS:
+        for stream in (False, True):
+            pair = {r["mode"]: r for r in api_runs if r["api"] == api and r["stream"] == stream}
+            if len(pair) == 2 and all(x["engine_prompt"] for x in pair.values()):
+                kl, kd = (pair[m]["engine_hits"] / pair[m]["engine_prompt"] for m in ("keyless", "keyed"))
+                out.append(f"{api} {'streamed' if stream else 'not streamed'}: hit rate keyless (`system`) "
+                           f"{fpct(kl)} against keyed {fpct(kd)}; sessions split over backends: "
+                           f"{pair['keyless']['split_sessions']} keyless, {pair['keyed']['split_sessions']} keyed.")
+    return out
 
 
 def same_cached(real: list[dict], sim: list[dict]) -> tuple[int, int]:
@@ -683,7 +996,13 @@ def main() -> int:
     ap.add_argument("--workload-timeout", type=float, default=1200, help="seconds for one mode's whole workload")
     ap.add_argument("--reps", type=int, default=3,
                     help="repetitions of the modes (the servers stay up; caches emptied before each)")
-    ap.add_argument("--phases", default="real,sim")
+    ap.add_argument("--phases", default="real,apis,sim",
+                    help="real: chat on vLLM; apis: Responses and Messages on vLLM (SDKs) and raw probes; "
+                         "sim: chat on vllm-sim")
+    ap.add_argument("--api-sessions", type=int, default=8,
+                    help="sessions of phase apis (the first of the workload's order)")
+    ap.add_argument("--owner-probes", type=int, default=4,
+                    help="stored responses continued through a gateway that never saw them (phase apis)")
     ap.add_argument("--model-dir", type=Path, help="reuse a model built by make_model.py (default: build one)")
     ap.add_argument("--out", type=Path, default=C.RESULTS / "vllm-real.md")
     ap.add_argument("--keep-logs", action="store_true")
@@ -713,12 +1032,15 @@ def main() -> int:
     allruns: dict[tuple[str, str, int], dict] = {}  # every repetition; runs/replays: the first
     allreplays: dict[tuple[str, int], dict] = {}
     probe_results: dict[str, list[dict]] = {}
+    api_runs: list[dict] = []
+    api_probes: list[dict] = []
+    owner: dict = {}
     notes: list[str] = []
     with C.bench_run("vllm-real", a.keep_logs) as (wd, procs):
         ports = [C.free_port(), C.free_port()]
         model_dir = a.model_dir
         env_info["model"] = "2 layers, hidden 128, 2 heads of 64, vocab 259, float32"
-        if "real" in phases:
+        if "real" in phases or "apis" in phases:
             if model_dir is None:
                 model_dir = wd / "tiny-llama"
                 print("building the tiny model ...", flush=True)
@@ -737,15 +1059,21 @@ def main() -> int:
                 return srv
 
             servers = start_vllm()
-            for rep, mode in [(rep, m) for rep in range(1, a.reps + 1) for m in ("no-key", "key")]:
+
+            def reset_caches(what: str) -> None:
+                nonlocal servers
                 try:
                     for p in ports:
                         post(f"http://127.0.0.1:{p}/reset_prefix_cache")
                 except (OSError, urllib.error.URLError) as e:
-                    notes.append(f"POST /reset_prefix_cache failed ({e}): vLLM restarted before mode {mode}")
+                    notes.append(f"POST /reset_prefix_cache failed ({e}): vLLM restarted before {what}")
                     for s in servers:
                         procs.stop(s, timeout=30)
                     servers = start_vllm()
+
+            chat_modes = [(rep, m) for rep in range(1, a.reps + 1) for m in ("no-key", "key")]
+            for rep, mode in chat_modes if "real" in phases else []:
+                reset_caches(f"mode {mode}")
                 print(f"real {mode} (repetition {rep}) ...", flush=True)
                 r = run_mode(bins, wd, procs, "real", mode, ports, sessions, a)
                 allruns[("real", mode, rep)] = r
@@ -753,8 +1081,26 @@ def main() -> int:
                     runs[("real", mode)] = r
                 print(f"  vLLM hits {r['engine_hits']:.0f}, gateway {r['gw_hits']:.0f}, client "
                       f"{r['client_hits']}, errors {r['errors']} {r['error_samples']}, {r['wall']:.1f} s", flush=True)
-            print("real probes ...", flush=True)
-            probe_results["real"] = probes(ports[0], a)
+            if "real" in phases:
+                print("real probes ...", flush=True)
+                probe_results["real"] = probes(ports[0], a)
+            if "apis" in phases:
+                api_sessions = sessions[:a.api_sessions]
+                for api in apis.APIS:
+                    for stream in (False, True):
+                        for mode in ("keyless", "keyed"):
+                            reset_caches(f"{api} {mode}")
+                            print(f"{api} {'streamed' if stream else 'not streamed'} {mode} ...", flush=True)
+                            r = run_api_mode(bins, wd, procs, api, stream, mode, ports, api_sessions, a)
+                            api_runs.append(r)
+                            print(f"  turns {len(r['records'])}, failed {r['errors']} {r['error_samples']}; "
+                                  f"prompt vLLM {r['engine_prompt']:.0f} gateway {r['gw_prompt']:.0f}; "
+                                  f"hits vLLM {r['engine_hits']:.0f} gateway {r['gw_hits']:.0f}; "
+                                  f"{r['wall']:.1f} s", flush=True)
+                print("API probes ...", flush=True)
+                api_probes = apis.probe_apis(ports, a)
+                print("stored responses across a gateway restart ...", flush=True)
+                owner = owner_probe(bins, wd, procs, ports, a)
             for s in servers:
                 procs.stop(s, timeout=30)
         if "sim" in phases:
@@ -798,12 +1144,15 @@ def main() -> int:
             if r["usage_missing"]:
                 notes.append(f"{phase} {mode} (repetition {rep}): {r['usage_missing']} responses without cached_tokens")
         fidelity += repetition_lines(allruns, allreplays, ideal)
-        report = render(a, env_info, ideal, runs, replays, probe_results, allruns, fidelity, notes, time.monotonic() - t_start)
+        report = render(a, env_info, ideal, runs, replays, probe_results, allruns, fidelity, notes,
+                        time.monotonic() - t_start, api_runs, api_probes, owner)
         a.out.parent.mkdir(parents=True, exist_ok=True)
         a.out.write_text(report)
         (wd / "records.json").write_text(json.dumps(
-            {f"{k[0]}/{k[1]}": [{x: y for x, y in rec.items() if x != "pb"} for rec in v["records"]]
-             for k, v in runs.items()}, indent=1))
+            {**{f"{k[0]}/{k[1]}": [{x: y for x, y in rec.items() if x != "pb"} for rec in v["records"]]
+                for k, v in runs.items()},
+             **{f"{r['api']}/{'stream' if r['stream'] else 'json'}/{r['mode']}": r["records"] for r in api_runs},
+             "api_probes": api_probes}, indent=1))
         print(report)
         print(f"wrote {a.out}")
     return 0

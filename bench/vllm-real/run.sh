@@ -8,7 +8,9 @@
 #   2. runs run.py with that venv's python: builds a tiny random Llama and a
 #      byte-level tokenizer (make_model.py, at run time, into a temp dir),
 #      starts two vLLM servers and the gateway on loopback, runs the agent
-#      workload with and without X-Poimen-Cache-Key, then the same on two
+#      workload with and without X-Poimen-Cache-Key, the same sessions over
+#      the Responses API and Anthropic Messages (the openai and anthropic
+#      SDKs), raw probes of those APIs, then the chat workload on two
 #      vllm-sim, and writes bench/results/vllm-real.md.
 # Arguments go to run.py (`--help` lists them). `--install-only` stops after 1.
 # Not part of CI: about 10-15 minutes on the 2-core machine, most of it the
@@ -48,7 +50,13 @@ if [ "$(installed)" != "$want" ]; then
     exit 1
   fi
 fi
-echo "vllm venv $venv: $(installed)"
+# phase apis drives /v1/messages with the `anthropic` SDK: vLLM 0.32 depends on
+# it, so it is there; installed only if a venv lacks it (`openai` always is).
+if ! "$venv/bin/python" -c 'import anthropic, openai' 2>/dev/null; then
+  uv=$(command -v uv || echo "$(python3 -m site --user-base)/bin/uv")
+  "$uv" pip install -q -p "$venv/bin/python" anthropic openai
+fi
+echo "vllm venv $venv: $(installed) $("$venv/bin/python" -c 'import anthropic, openai; print(f"anthropic=={anthropic.__version__} openai=={openai.__version__}")')"
 
 for a in "$@"; do
   [ "$a" = "--install-only" ] && exit 0
