@@ -4,8 +4,10 @@
 -- another (each wrk thread starts at another key). Only that one header is
 -- sent, so every target gets the same request size but its own key header
 -- (vllm-router: X-Session-Id, sglang-router: X-SMG-Routing-Key).
+-- TENANT_HEADER, when given, adds that header with the values a and b
+-- alternating request by request (odd keys a, even keys b; NKEYS even).
 --
---   wrk -t2 -c32 -d10s -s chat.lua http://127.0.0.1:PORT -- MODEL [NKEYS] [DELAY_MS] [KEY_HEADER]
+--   wrk -t2 -c32 -d10s -s chat.lua http://127.0.0.1:PORT -- MODEL [NKEYS] [DELAY_MS] [KEY_HEADER] [TENANT_HEADER]
 --
 -- DELAY_MS is read by paced.lua (which loads this file and adds delay());
 -- this file defines no delay(), so saturated runs have no timer in the loop.
@@ -24,6 +26,7 @@ function init(args)
   nkeys = tonumber(args[2] or "64")
   pause_ms = tonumber(args[3] or "0")
   local key_header = args[4] or "X-Poimen-Cache-Key"
+  local tenant_header = args[5]
   local filler = string.rep("The agent keeps notes on the repository, the failing test and the plan. ", 24)
   reqs = {}
   for k = 1, nkeys do
@@ -31,8 +34,11 @@ function init(args)
     local body = '{"messages":[{"role":"system","content":"You are a coding agent. ' .. filler ..
       '"},{"role":"user","content":"Summarise what ' .. key .. ' did last and propose the next step."}],' ..
       '"max_tokens":16,"temperature":0,"stream":false,"model":"' .. model .. '"}'
-    reqs[k] = wrk.format("POST", "/v1/chat/completions",
-      {["Content-Type"] = "application/json", [key_header] = key}, body)
+    local headers = {["Content-Type"] = "application/json", [key_header] = key}
+    if tenant_header and tenant_header ~= "" then
+      headers[tenant_header] = (k % 2 == 1) and "a" or "b"
+    end
+    reqs[k] = wrk.format("POST", "/v1/chat/completions", headers, body)
   end
   idx = ((tid or 1) * 17) % nkeys
 end

@@ -22,7 +22,17 @@ Parts (all on 127.0.0.1, every process started here is stopped at the end):
   4. RSS: a fresh gateway idle, then with STREAMS open SSE streams through it
      to 4 slow vllm-sim instances.
 Parts 3 and 4 run when `gateway` is among the targets (and --sse-rounds /
---streams are not 0). The routers come from the venv bench/setup.sh makes
+--streams are not 0).
+
+Two options add gateway rows to the saturated and paced parts, to compare
+builds or configs in one run with interleaved rounds (e.g.
+bench/results/overhead-features.md):
+  --gateway-bin NAME=DIR (repeatable): a row NAME, configured and logging as
+     `gateway`, running DIR/poimen-gateway (another build, e.g. an older
+     commit's target/release).
+  --tenants: a row `gateway-tenants`, `gateway` plus `gateway.tenants`
+     (header X-Tenant; a: weight 2, requests_per_minute 100000000; b), and
+     wrk sends X-Tenant a and b alternating (chat.lua's 5th argument). The routers come from the venv bench/setup.sh makes
 (bench/.venv, or POIMEN_BENCH_VENV).
 Writes bench/results/overhead.md (or --out).
 """
@@ -50,6 +60,7 @@ FAKE_MODEL = "bench-model"
 FAST_MODEL = "sim-fast"
 SLOW_MODEL = "sim-slow"
 KEY_HEADER = "X-Poimen-Cache-Key"  # the session key header of nginx, the gateway and pingora-bare
+TENANT_HEADER = "X-Tenant"  # --tenants: the header gateway-tenants reads the tenant from
 
 GATEWAYS = ("gateway", "gateway-quiet", "gateway-steal")
 # The LLM routers under comparison, from PyPI (pinned in bench/setup.sh): the
@@ -318,9 +329,11 @@ def thread_use(before: dict, after: dict) -> str:
 
 
 def run_wrk(port: int, script: str, conns: int, duration: float, delay_ms: int = 0,
-            header: str = KEY_HEADER) -> dict:
+            header: str = KEY_HEADER, tenant_header: str | None = None) -> dict:
     argv = ["wrk", "-t2", f"-c{conns}", f"-d{duration:g}s", "--timeout", "5s", "-s", str(HERE / script),
             f"http://127.0.0.1:{port}", "--", FAKE_MODEL, "64", str(delay_ms), header]
+    if tenant_header:
+        argv.append(tenant_header)
     r = subprocess.run(argv, capture_output=True, text=True, timeout=duration + 60)
     m = re.search(r"^POIMEN_JSON (\{.*\})$", r.stdout, re.M)
     if r.returncode != 0 or not m:
@@ -341,7 +354,7 @@ def measure(target: dict, backends_pid: int, script: str, conns: int, duration: 
     b0 = C.tree_cpu_us(backends_pid)
     w0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     s0 = C.system_busy_us()
-    d = run_wrk(target["port"], script, conns, duration, delay_ms, target["header"])
+    d = run_wrk(target["port"], script, conns, duration, delay_ms, target["header"], target.get("tenant_header"))
     w1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     s1 = C.system_busy_us()
     p1 = C.tree_cpu_us(proxy_pid)
@@ -474,6 +487,11 @@ async def hold_streams(port: int, gw_pid: int, n: int, max_tokens: int) -> dict:
 # --------------------------------------------------------------------------
 
 
+def extra_rows(a) -> dict[str, str]:
+    """--gateway-bin rows: name -> the bin dir as given."""
+    return dict(spec.partition("=")[::2] for spec in a.gateway_bin)
+
+
 def fmt_ms(us: float) -> str:
     return f"{us / 1000:.3f}"
 
@@ -499,8 +517,20 @@ def main() -> int:
                     " (direct and nginx are always measured: the other rows are compared with them)")
     ap.add_argument("--no-baseline", action="store_true",
                     help="skip the bare Pingora proxies (" + ", ".join(BAREBONES) + ")")
+    ap.add_argument("--gateway-bin", action="append", default=[], metavar="NAME=DIR",
+                    help="also a row NAME: `gateway` run from DIR/poimen-gateway (repeatable)")
+    ap.add_argument("--tenants", action="store_true",
+                    help="also a row gateway-tenants: `gateway` with tenants a and b named by X-Tenant")
     ap.add_argument("--keep-logs", action="store_true")
     a = ap.parse_args()
+    extra_bins = {}  # row name -> bin dir
+    for spec in a.gateway_bin:
+        name, sep, d = spec.partition("=")
+        if not sep or not name or name in ALL_TARGETS or name == "gateway-tenants":
+            ap.error(f"--gateway-bin {spec}: want NAME=DIR, NAME not one of the known rows")
+        if not (Path(d) / "poimen-gateway").exists():
+            ap.error(f"--gateway-bin {spec}: no {Path(d) / 'poimen-gateway'}")
+        extra_bins[name] = Path(d).resolve()
     chosen = {n.strip() for n in a.targets.split(",") if n.strip()}
     if chosen - set(ALL_TARGETS):
         ap.error(f"unknown targets {', '.join(sorted(chosen - set(ALL_TARGETS)))}; known: {', '.join(ALL_TARGETS)}")
@@ -518,7 +548,7 @@ def main() -> int:
             sys.exit(f"{venv / 'bin' / name} missing: run bash bench/setup.sh (or leave {name} out of --targets)")
     # the Rust binaries only for the gateway rows (and vllm-sim for SSE/RSS) and the bare proxies
     with_gateway = "gateway" in chosen
-    bins = C.bin_dir() if chosen & {*GATEWAYS, *BAREBONES} else None
+    bins = C.bin_dir() if chosen & {*GATEWAYS, *BAREBONES} or a.tenants else None
     sse_on = with_gateway and a.sse_rounds > 0
     rss_on = with_gateway and a.streams > 0
     t_start = time.time()
@@ -545,19 +575,26 @@ def main() -> int:
         # backends for 30 s; the integration test failover::a_client_leaving_before_the_answer_is_not_a_backend_failure guards it, and the
         # report shows the gateways' failure counters.
         gateways = {}  # name -> (process, port, metrics port)
-        for name, rust_log, work_stealing in (("gateway", "info", False), ("gateway-quiet", "warn", False),
-                                              ("gateway-steal", "info", True)):
-            if name not in chosen:
-                continue
+        tenants = {"header": TENANT_HEADER,
+                   "list": [{"name": "a", "weight": 2, "requests_per_minute": 100_000_000}, {"name": "b"}]}
+        rows = [("gateway", "info", False, bins, {}), ("gateway-quiet", "warn", False, bins, {}),
+                ("gateway-steal", "info", True, bins, {})]
+        rows = [r for r in rows if r[0] in chosen] + [(n, "info", False, d, {}) for n, d in extra_bins.items()]
+        if a.tenants:
+            rows.append(("gateway-tenants", "info", False, bins, {"tenants": tenants}))
+        for name, rust_log, work_stealing, gw_bins, extra in rows:
             port, mport = C.free_port(), C.free_port()
             cfg = C.gateway_yaml(wd, name, port, mport, models, threads=T, scheduler=sched,
-                                 extra={"stream_usage": True}, work_stealing=work_stealing)
-            gateways[name] = (C.start_gateway(procs, bins, name, cfg, port, rust_log=rust_log), port, mport)
+                                 extra={"stream_usage": True, **extra}, work_stealing=work_stealing)
+            gateways[name] = (C.start_gateway(procs, gw_bins, name, cfg, port, rust_log=rust_log), port, mport)
 
         targets = [
             {"name": "direct", "port": fake_ports[0], "pid": backends.pid},
             {"name": "nginx", "port": proxy_port, "pid": proxy.pid},
         ] + [{"name": name, "port": port, "pid": p.pid} for name, (p, port, _) in gateways.items()]
+        for t in targets:
+            if t["name"] == "gateway-tenants":
+                t["tenant_header"] = TENANT_HEADER
         bb = baseline_bin(bins) if chosen & set(BAREBONES) else None
         for name, flags in BAREBONES.items():
             if name in chosen:
@@ -579,7 +616,7 @@ def main() -> int:
         for t in targets:
             t["check"] = check_target(t, len(fake_ports))
             print(f"  {t['name']}: {t['check']}", flush=True)
-            d = run_wrk(t["port"], "chat.lua", 2, 1, 0, t["header"])
+            d = run_wrk(t["port"], "chat.lua", 2, 1, 0, t["header"], t.get("tenant_header"))
             if d["errors"] or d["requests"] == 0:
                 raise RuntimeError(f"{t['name']}: sanity run had errors: {d}")
             time.sleep(1.0)
@@ -589,7 +626,7 @@ def main() -> int:
               f"wrk -t2 -c{a.conns}; proxies with {T} worker/thread", flush=True)
         for t in targets:  # warm-up, not counted; which threads do the work
             before = thread_ticks(t["pid"])
-            run_wrk(t["port"], "chat.lua", a.conns, 3, 0, t["header"])
+            run_wrk(t["port"], "chat.lua", a.conns, 3, 0, t["header"], t.get("tenant_header"))
             t["threads"] = thread_use(before, thread_ticks(t["pid"]))
             if t["name"] not in ("direct", "nginx"):  # nginx: the master's threads only, idle
                 print(f"  warm-up {t['name']}: threads (share of its CPU) {t['threads']}", flush=True)
@@ -641,6 +678,10 @@ def main() -> int:
             m = C.http_get(f"http://127.0.0.1:{mport}/metrics")
             failures[name] = (C.prom_values(m, "poimen_gateway_backend_failures_total"),
                               sum(v for k, v in prom_codes(m).items() if k == "503"))
+            if name == "gateway-tenants":  # the header named the tenants: requests by tenant label
+                a.tenant_counts = {t: sum(float(line.rsplit(" ", 1)[1]) for line in m.splitlines()
+                                          if line.startswith("poimen_gateway_tenant_requests_total{")
+                                          and f'tenant="{t}"' in line) for t in ("a", "b", "default")}
 
         # ---- 4. RSS: a fresh gateway, idle, then with STREAMS open streams
         for p, _, _ in gateways.values():
@@ -717,7 +758,8 @@ def render(a, T, targets, sat, paced, sse, rss, bins, elapsed, failures) -> str:
       f"{f', routers `TOKIO_WORKER_THREADS={T}`' if routers else ''})")
     args = " ".join(sys.argv[1:])
     w(f"- command: `bash bench/overhead/run.sh{(' ' + args) if args else ''}` (in effect: `--rounds {a.rounds} "
-      f"--duration {a.duration:g} --threads {T} --targets {','.join(a.targets)}`...); "
+      f"--duration {a.duration:g} --threads {T} --targets {','.join(a.targets)}"
+      f"{''.join(f' --gateway-bin {spec}' for spec in a.gateway_bin)}{' --tenants' if a.tenants else ''}`...); "
       f"total run time {elapsed / 60:.1f} min")
     w("")
     w("## Saturated throughput")
@@ -745,6 +787,15 @@ def render(a, T, targets, sat, paced, sse, rss, bins, elapsed, failures) -> str:
         w("- `gateway`: poimen-gateway, the 4 backends under one model, `scheduler: {max_num_seqs: 4096 (the largest the config allows; 32 connections never reach it), "
           "max_queue_depth: 0}`, `stream_usage: true`, default logging (`RUST_LOG=info`: one JSON "
           "`prefix_cache` line per request to stderr, redirected to a file).")
+    for n in sat:
+        if n in extra_rows(a):
+            w(f"- `{n}`: `gateway` (same config and logging) run from `{extra_rows(a)[n]}/poimen-gateway`.")
+    if "gateway-tenants" in sat:
+        w(f"- `gateway-tenants`: `gateway` plus `gateway.tenants: {{header: {TENANT_HEADER}, list: [{{name: a, weight: 2, "
+          f"requests_per_minute: 100000000}}, {{name: b}}]}}`; wrk sends `{TENANT_HEADER}: a` and `b` alternating "
+          "(the other rows get no tenant header: every request is tenant `default`). Its "
+          "`poimen_gateway_tenant_requests_total` over the run: "
+          + ", ".join(f"{t} {v:,.0f}" for t, v in getattr(a, "tenant_counts", {}).items()) + ".")
     if "gateway-quiet" in sat:
         w("- `gateway-quiet`: the same with `RUST_LOG=warn` (no per-request log line), to show what the log line costs.")
     if "gateway-steal" in sat:
@@ -803,6 +854,22 @@ def render(a, T, targets, sat, paced, sse, rss, bins, elapsed, failures) -> str:
     w("- CPU µs/req = (utime+stime of the proxy's processes from /proc/<pid>/stat after the run − before) / "
       "requests completed; nginx = master + worker; a router = its one process (launcher and router, all threads).")
     w("")
+    gws = [n for n in sat if n.startswith("gateway") or n in extra_rows(a)]
+    if "pingora-bare" in sat and "gateway" in sat and len(gws) > 1:
+        pb = S["pingora-bare"]
+        w("Gateway rows against `pingora-bare` (ratios of the medians) and against `gateway` (median over rounds "
+          "of the ratio within a round, the rows of a round run back to back):")
+        w("")
+        w("| target | CPU µs/req | CPU/req vs pingora-bare | req/s | req/s vs pingora-bare | "
+          "CPU/req vs gateway, per round | req/s vs gateway, per round |")
+        w("|---|---:|---:|---:|---:|---:|---:|")
+        for n in gws:
+            s = S[n]
+            pair = lambda k: C.median([x[k] / g[k] for x, g in zip(sat[n], sat["gateway"])])  # noqa: E731
+            w(f"| {n} | {s['proxy_cpu_us_per_req']:.1f} | {s['proxy_cpu_us_per_req'] / pb['proxy_cpu_us_per_req']:.2f}x | "
+              f"{s['rps']:,.0f} | {s['rps'] / pb['rps']:.2f} | {pair('proxy_cpu_us_per_req'):.3f}x | "
+              f"{pair('rps'):.3f} |")
+        w("")
     w("Why the gateway costs what it costs (perf and strace, `bench/overhead/profile.py`): "
       "[overhead-analysis.md](overhead-analysis.md).")
     w("")
@@ -828,24 +895,25 @@ def render(a, T, targets, sat, paced, sse, rss, bins, elapsed, failures) -> str:
     w("")
 
     P = {n: {k: med(rows, k) for k in ("rps", "p50_us", "p99_us", "proxy_cpu_us_per_req")}
-         for n, rows in paced.items()}
-    w("## Paced latency (added latency at a fixed rate)")
-    w("")
-    w(f"wrk `-t2 -c{a.paced_conns} -d{a.paced_duration:g}s -s bench/overhead/paced.lua -- bench-model 64 "
-      f"{a.paced_delay_ms}`: each connection waits {a.paced_delay_ms} ms after a response before its next "
-      f"request (wrk's Lua `delay()`; wrk2 is not in Debian), i.e. ~{a.paced_conns * 1000 / a.paced_delay_ms:.0f} "
-      f"req/s offered{'; the routers get their key header as a 4th script argument' if routers else ''}. "
-      f"{a.paced_rounds} rounds interleaved; medians.")
-    w("")
-    w("| target | achieved req/s | p50 ms | p99 ms | added p50 vs direct | added p99 vs direct | proxy CPU µs/req |")
-    w("|---|---:|---:|---:|---:|---:|---:|")
-    for n in paced:
-        s = P[n]
-        add50 = "—" if n == "direct" else f"+{(s['p50_us'] - P['direct']['p50_us']):.0f} µs"
-        add99 = "—" if n == "direct" else f"+{(s['p99_us'] - P['direct']['p99_us']):.0f} µs"
-        w(f"| {n} | {s['rps']:.0f} | {fmt_ms(s['p50_us'])} | {fmt_ms(s['p99_us'])} | {add50} | {add99} | "
-          f"{s['proxy_cpu_us_per_req']:.1f}{' (backend)' if n == 'direct' else ''} |")
-    w("")
+         for n, rows in paced.items()} if a.paced_rounds else {}
+    if P:
+        w("## Paced latency (added latency at a fixed rate)")
+        w("")
+        w(f"wrk `-t2 -c{a.paced_conns} -d{a.paced_duration:g}s -s bench/overhead/paced.lua -- bench-model 64 "
+          f"{a.paced_delay_ms}`: each connection waits {a.paced_delay_ms} ms after a response before its next "
+          f"request (wrk's Lua `delay()`; wrk2 is not in Debian), i.e. ~{a.paced_conns * 1000 / a.paced_delay_ms:.0f} "
+          f"req/s offered{'; the routers get their key header as a 4th script argument' if routers else ''}. "
+          f"{a.paced_rounds} rounds interleaved; medians.")
+        w("")
+        w("| target | achieved req/s | p50 ms | p99 ms | added p50 vs direct | added p99 vs direct | proxy CPU µs/req |")
+        w("|---|---:|---:|---:|---:|---:|---:|")
+        for n in paced:
+            s = P[n]
+            add50 = "—" if n == "direct" else f"+{(s['p50_us'] - P['direct']['p50_us']):.0f} µs"
+            add99 = "—" if n == "direct" else f"+{(s['p99_us'] - P['direct']['p99_us']):.0f} µs"
+            w(f"| {n} | {s['rps']:.0f} | {fmt_ms(s['p50_us'])} | {fmt_ms(s['p99_us'])} | {add50} | {add99} | "
+              f"{s['proxy_cpu_us_per_req']:.1f}{' (backend)' if n == 'direct' else ''} |")
+        w("")
 
     if sse:
         Q = {n: {k: med(rows, k) for k in ("ttfb_p50", "ttfb_p99", "tok_p50", "tok_p99", "total_p50")}
