@@ -8,7 +8,8 @@
 #   5. conf/gateway.yaml's pid_file is the unit's PIDFile=, and its
 #      upgrade_sock lies in the unit's RuntimeDirectory=.
 # verify wants the Exec*= binaries to exist, so it runs on a copy of the unit
-# whose /usr/local paths point at stub executables in a temporary directory.
+# whose binary and reload script paths (the Debian package's: /usr/bin,
+# /usr/lib/poimen-gateway) point at stub executables in a temporary directory.
 # Installs the `systemd` package (it has systemd-analyze) if it is missing.
 # Exit status: 0 when every check passes, 1 otherwise.
 set -euo pipefail
@@ -19,8 +20,8 @@ reload="$root/systemd/poimen-gateway-reload"
 sysusers="$root/systemd/poimen-gateway.sysusers"
 conf="$root/conf/gateway.yaml"
 max_exposure=${MAX_EXPOSURE:-2.0}
-bin_path=/usr/local/bin/poimen-gateway
-reload_path=/usr/local/lib/poimen-gateway/reload
+bin_path=/usr/bin/poimen-gateway
+reload_path=/usr/lib/poimen-gateway/reload
 
 failed=0
 fail() { echo "check-systemd: FAIL: $*" >&2; failed=1; }
@@ -43,8 +44,10 @@ printf '#!/bin/sh\nexit 0\n' >"$tmp/bin/reload"
 chmod 0755 "$tmp/bin/poimen-gateway" "$tmp/bin/reload"
 copy="$tmp/units/poimen-gateway.service"
 sed -e "s#$reload_path#$tmp/bin/reload#g" -e "s#$bin_path#$tmp/bin/poimen-gateway#g" "$unit" >"$copy"
-if grep -nE '^Exec[A-Za-z]*=.*/usr/local/' "$copy"; then
-  fail "an Exec*= line uses a /usr/local path other than $bin_path or $reload_path"
+# Any other executable path would be checked against this machine's files
+# rather than against what the package installs.
+if grep -nE '^Exec[A-Za-z]*=[-@:+!]*/usr/' "$copy"; then
+  fail "an Exec*= line runs a program other than $bin_path or $reload_path"
 fi
 
 # 1. verify. It exits 0 on many warnings ("Unknown key", "Failed to parse ..."),
