@@ -20,11 +20,12 @@ pub enum Endpoint {
     NotFound,
 }
 
-/// Whether a request target is one the gateway forwards: the origin form
-/// (a path, no scheme or host), without dot segments and without encoded
-/// dots or slashes, so that nothing behind the gateway that normalises
-/// paths could read it as another route than the one matched here.
-pub fn plain_target(uri: &http::Uri) -> bool {
+/// Whether a request target is one the gateway forwards: an HTTP/1 request
+/// line in origin form (a path, no scheme or host; HTTP/2 always carries
+/// both, as pseudo-headers), a path without dot segments and without
+/// encoded dots or slashes, so that nothing behind the gateway that
+/// normalises paths could read it as another route than the one matched.
+pub fn plain_target(uri: &http::Uri, version: http::Version) -> bool {
     let path = uri.path();
     let encoded = |p: &str| {
         let p = p.as_bytes();
@@ -36,8 +37,9 @@ pub fn plain_target(uri: &http::Uri) -> bool {
                 )
         })
     };
-    uri.scheme().is_none()
-        && uri.authority().is_none()
+    let origin_form =
+        version >= http::Version::HTTP_2 || (uri.scheme().is_none() && uri.authority().is_none());
+    origin_form
         && path.starts_with('/')
         && !encoded(path)
         && !path
@@ -129,7 +131,7 @@ mod tests {
 
     #[test]
     fn only_plain_targets() {
-        let plain = |t: &str| plain_target(&t.parse().unwrap());
+        let plain = |t: &str| plain_target(&t.parse().unwrap(), http::Version::HTTP_11);
         assert!(plain("/v1/chat/completions") && plain("/v1/responses/resp_1?stream=true"));
         for bad in [
             "/v1/../admin",
@@ -146,5 +148,9 @@ mod tests {
         }
         // Dots inside a segment are a name, not a segment.
         assert!(plain("/v1/models/qwen2.5-7b"));
+        // HTTP/2 names the scheme and host in pseudo-headers: its path counts.
+        let h2 = |t: &str| plain_target(&t.parse().unwrap(), http::Version::HTTP_2);
+        assert!(h2("https://gw.test/v1/chat/completions"));
+        assert!(!h2("https://gw.test/v1/../admin"));
     }
 }

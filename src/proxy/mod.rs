@@ -392,7 +392,7 @@ impl ProxyHttp for Gateway {
         downstream.set_close_on_response_before_downstream_finish(false);
         downstream.set_total_drain_timeout(Some(REFUSED_BODY_DRAIN));
         let req = session.req_header();
-        if !endpoints::plain_target(&req.uri) {
+        if !endpoints::plain_target(&req.uri, req.version) {
             let why = "the request target must be a plain path: no scheme or host, no dot segments, no encoded dots or slashes";
             respond(
                 session,
