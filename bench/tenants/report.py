@@ -79,8 +79,13 @@ def goal_rows(res: dict, a) -> list[str]:
     if "4" in res:
         f, q = res["4"]["fcfs"], res["4"]["fair"]
         ratios = [qq["us"] / ff["us"] for ff, qq in zip(f, q)]
+        if min(ratios) < 1 < max(ratios):
+            spread = "no difference beyond the noise: the rounds' ratios lie on both sides of 1"
+        else:
+            spread = f"fair {'more' if min(ratios) >= 1 else 'less'} in every round"
         row("4", "gateway CPU per request (median)", "-", f"{med(f, 'us'):.1f} µs",
-            f"{med(q, 'us'):.1f} µs ({C.median(ratios):.3f}x; rounds {' / '.join(f'{r:.3f}' for r in ratios)})")
+            f"{med(q, 'us'):.1f} µs ({C.median(ratios):.3f}x; rounds {' / '.join(f'{r:.3f}' for r in ratios)}: "
+            f"{spread})")
     return rows
 
 
@@ -200,7 +205,8 @@ def sec_cpu(w, res, a) -> None:
     w(f"2 more vllm-sim with `--time-scale 0` (no delays) behind 2 more gateways, same configs; "
       f"{a.cpu_requests:,} non-streamed requests per measurement, {a.cpu_concurrency} at a time (over "
       f"{BACKENDS * SLOTS} slots: the line is used), X-Tenant `a`, `b`, `swarm`, `user-1` in turn in both "
-      f"modes; after a warm-up of {a.cpu_requests // 10} each. CPU = the gateway process's threads' time "
+      f"modes; after a warm-up of {a.cpu_requests // 10:,} each, {a.cpu_rounds} measurements per mode, the "
+      "modes alternating (ABBA...). CPU = the gateway process's threads' time "
       "(`/proc/<pid>/task/*/schedstat`, ns; utime+stime from `/proc/<pid>/stat` beside it, 10 ms ticks), "
       "over the measurement, divided by the requests. The client shares the 2 cores.")
     w("")

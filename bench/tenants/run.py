@@ -13,8 +13,8 @@ alternate within each round (--rounds, order flipped every round); the
 report gives per-round values and their medians.
 
   1 noisy vs quiet: tenant `noisy` keeps 60 requests in flight (5-15
-    tokens, 0.25-0.75 s; after a refusal it waits the Retry-After, 1 s), tenant
-    `quiet` sends one 10-token request every 0.5 s. Quiet's refusals, its
+    tokens, 0.25-0.75 s; after a refusal it waits the Retry-After, 1 s),
+    tenant `quiet` sends one 10-token request every 0.5 s. Quiet's refusals, its
     p50 / p99 against its own alone (same gateway, same round), noisy's
     503s, completed req/s.
   2 two saturating tenants, weights a 3 : b 1, 40 requests in flight each:
@@ -24,7 +24,8 @@ report gives per-round values and their medians.
     think time): each user's TTFT (first body byte) p50/p99, Jain's index
     over normalized throughput, total throughput fair against FCFS.
   4 CPU per request of the gateway, tenants configured or not, on 2 sims
-    with --time-scale 0: a fixed count of requests, 4 tenants in turn.
+    with --time-scale 0: a fixed count of requests, 4 tenants in turn,
+    --cpu-rounds measurements per mode, alternating.
 
 Writes bench/results/tenants.md and tenants.png. Loopback only; every load
 is bounded in count and time; stops all it started.
@@ -347,7 +348,7 @@ def cpu_per_request(procs, bins, wd, a) -> dict[str, list[dict]]:
         asyncio.run(L.fixed_count(gws[mode].port, a.cpu_requests // 10, a.cpu_concurrency, tenants, ANSWER_TOKENS))
         wait_idle(gws[mode])
     res: dict[str, list[dict]] = {m: [] for m in MODES}
-    for r in range(a.rounds):
+    for r in range(a.cpu_rounds):
         for mode in order(r):
             pid = gws[mode].proc.pid
             ns0, ticks0, t0 = task_cpu_ns(pid), C.cpu_ticks(pid), time.perf_counter()
@@ -392,7 +393,8 @@ def main() -> int:
     ap.add_argument("--think-max", type=float, default=1.2)
     ap.add_argument("--s3-secs", type=float, default=30.0)
     ap.add_argument("--s3-alone", type=float, default=10.0, help="3: the users alone, seconds")
-    ap.add_argument("--cpu-requests", type=int, default=3000)
+    ap.add_argument("--cpu-requests", type=int, default=10000, help="4: requests per measurement")
+    ap.add_argument("--cpu-rounds", type=int, default=5, help="4: measurements per mode, interleaved")
     ap.add_argument("--cpu-concurrency", type=int, default=16)
     ap.add_argument("--out", default=str(C.RESULTS / "tenants.md"))
     ap.add_argument("--keep-logs", action="store_true")
