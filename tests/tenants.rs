@@ -86,6 +86,11 @@ async fn named_keys_and_a_jwt_claim_name_the_tenant() {
         &[("reason", "tenant_claim")],
     );
     assert_eq!(refused, 1.0);
+    // The log is written by a thread of its own: wait for the 4th line.
+    eventually("4 prefix_cache lines", || async {
+        gw.cache_lines().len() == 4
+    })
+    .await;
     let tenants: Vec<_> = gw
         .cache_lines()
         .iter()
@@ -285,10 +290,14 @@ async fn unlisted_names_are_bounded_label_values() {
         (2.0, 1.0, 2.0)
     );
     assert_eq!(requests("u3") + requests("u4"), 0.0);
-    let overflow = gw
-        .log_lines()
-        .iter()
-        .filter(|l| l["event"] == "tenants_overflow")
-        .count();
-    assert_eq!(overflow, 1, "logged once");
+    let overflows = || {
+        let lines = gw.log_lines();
+        lines
+            .iter()
+            .filter(|l| l["event"] == "tenants_overflow")
+            .count()
+    };
+    // The log is written by a thread of its own.
+    eventually("the overflow logged", || async { overflows() > 0 }).await;
+    assert_eq!(overflows(), 1, "logged once");
 }
