@@ -308,6 +308,21 @@ def labelled(metrics: str, name: str, label: str) -> dict[str, float]:
     return out
 
 
+def measured(procs, gw, ports: list[int], gw_metrics: int, workload) -> tuple[dict, dict, dict]:
+    """Run `workload` (a coroutine) through the gateway `gw`, then stop it:
+    its result, each server's counter deltas over it, the gateway's counters."""
+    try:
+        before = counters(ports)
+        res = asyncio.run(workload)
+        time.sleep(1.5)  # let vLLM's logger publish its last counters
+        after = counters(ports)
+        gwc = gateway_counters(gw_metrics)
+    finally:
+        procs.stop(gw)
+    delta = {p: {k: after[p][k] - before[p][k] for k in COUNTERS} for p in ports}
+    return res, delta, gwc
+
+
 def run_mode(bins, wd, procs, phase: str, mode: str, ports: list[int], sessions, a) -> dict:
     gw_port, gw_metrics = C.free_port(), C.free_port()
     cfg = C.gateway_yaml(wd, f"gw-{phase}-{mode}", gw_port, gw_metrics,
@@ -317,16 +332,9 @@ def run_mode(bins, wd, procs, phase: str, mode: str, ports: list[int], sessions,
                                     "queue_timeout_ms": int(a.request_timeout * 1000)},
                          extra={"warmup": {"delay_ms": a.warmup_delay_ms}})
     gw = C.start_gateway(procs, bins, f"gw-{phase}-{mode}", cfg, gw_port)
-    try:
-        before = counters(ports)
-        res = asyncio.run(run_workload(gw_port, sessions, mode == "key", a))
-        time.sleep(1.5)  # let vLLM's logger publish its last counters
-        after = counters(ports)
-        gwc = gateway_counters(gw_metrics)
-    finally:
-        procs.stop(gw)
+    res, delta, gwc = measured(procs, gw, ports, gw_metrics,
+                               run_workload(gw_port, sessions, mode == "key", a))
     recs = res["records"]
-    delta = {p: {k: after[p][k] - before[p][k] for k in COUNTERS} for p in ports}
     bad = [r for r in recs if r["status"] != 200 or r["error"]]
     unit = SIM_BYTES_PER_TOKEN if phase == "sim" else 1
     block = a.block_size  # in bytes, in both phases
@@ -362,16 +370,9 @@ def run_api_mode(bins, wd, procs, api: str, stream: bool, mode: str, ports: list
                                     "queue_timeout_ms": int(a.request_timeout * 1000)},
                          extra={"routing": {"keyless": "system"}})
     gw = C.start_gateway(procs, bins, name, cfg, gw_port)
-    try:
-        before = counters(ports)
-        res = asyncio.run(apis.run_api_workload(gw_port, sessions, api, stream, mode == "keyed", a))
-        time.sleep(1.5)  # let vLLM's logger publish its last counters
-        after = counters(ports)
-        gwc = gateway_counters(gw_metrics)
-    finally:
-        procs.stop(gw)
+    res, delta, gwc = measured(procs, gw, ports, gw_metrics,
+                               apis.run_api_workload(gw_port, sessions, api, stream, mode == "keyed", a))
     recs = res["records"]
-    delta = {p: {k: after[p][k] - before[p][k] for k in COUNTERS} for p in ports}
     bad = [r for r in recs if r["error"]]
     by_session: dict[int, set] = {}
     for r in recs:
