@@ -104,6 +104,17 @@ impl Api {
         !matches!(self, Api::Tokenizer | Api::Stored)
     }
 
+    /// The operation the OpenTelemetry GenAI conventions name it by, if
+    /// they do; `path` tells embeddings from other engine work.
+    pub fn gen_ai_operation(self, path: &str) -> Option<&'static str> {
+        match self {
+            Api::ChatCompletions | Api::Responses | Api::Messages => Some("chat"),
+            Api::Completions => Some("text_completion"),
+            Api::Engine if path == "/v1/embeddings" => Some("embeddings"),
+            _ => None,
+        }
+    }
+
     pub fn body_format(self) -> BodyFormat {
         match self {
             Api::Audio => BodyFormat::Multipart,

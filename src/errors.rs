@@ -120,6 +120,12 @@ impl ApiError {
         }
     }
 
+    /// The gateway's machine-readable `code` (OpenAI's shape), e.g.
+    /// `queue_full`: the `error.type` of a trace.
+    pub fn code(&self) -> &'static str {
+        self.kind().1
+    }
+
     /// OpenAI's `type` and the gateway's machine-readable `code`.
     fn kind(&self) -> (&'static str, &'static str) {
         match self {

@@ -22,3 +22,4 @@ pub mod routing;
 pub mod services;
 pub mod tenants;
 pub mod tls;
+pub mod trace;

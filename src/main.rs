@@ -69,10 +69,14 @@ fn run(opt: Opt) -> Result<(), StartError> {
         return Ok(());
     }
     server.bootstrap();
-    services::add(&mut server, config, jwt, resolved);
+    let traces = services::add(&mut server, config, jwt, resolved);
     // Not `run_forever`, which ends the process with `exit(0)` once the
     // services have stopped (on SIGTERM, SIGINT, or SIGQUIT for an upgrade):
-    // `run` returns then, so `main` can flush the log.
+    // `run` returns then, so the last spans are exported and `main` can
+    // flush the log.
     server.run(RunArgs::default());
+    if let Some(traces) = traces {
+        traces.shutdown();
+    }
     Ok(())
 }

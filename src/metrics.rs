@@ -138,6 +138,24 @@ pub static BACKEND_FAILURES: LazyLock<IntCounterVec> = LazyLock::new(|| {
 
 /// Log lines lost to a full log queue: stderr was not read fast enough
 /// (see `logging`).
+/// Trace spans that were not exported, by reason: `queue_full` (the
+/// collector is slower than the requests), `export_failed` (it refused or
+/// could not be reached).
+pub static TRACE_SPANS_DROPPED: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter_vec(
+        "poimen_gateway_trace_spans_dropped_total",
+        "Trace spans dropped, by reason (queue_full, export_failed)",
+        &["reason"],
+    )
+});
+
+/// The dropped-span series at zero, when tracing is on.
+pub fn init_trace_drops() {
+    for reason in ["queue_full", "export_failed"] {
+        TRACE_SPANS_DROPPED.with_label_values(&[reason]);
+    }
+}
+
 pub static LOG_LINES_DROPPED: LazyLock<IntCounter> = LazyLock::new(|| {
     counter(
         "poimen_gateway_log_lines_dropped_total",

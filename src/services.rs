@@ -13,15 +13,17 @@ use crate::config::GatewayConfig;
 use crate::discovery::AtStart;
 use crate::proxy::Gateway;
 use crate::tls;
+use crate::trace::Traces;
 
 /// Add every service of `config` to `server` (bootstrapped): `jwt` its
-/// verifier and refresher, `resolved` the backends found at start.
+/// verifier and refresher, `resolved` the backends found at start. Returns
+/// the request tracer, if tracing is on, for the end of the process.
 pub fn add(
     server: &mut Server,
     config: GatewayConfig,
     jwt: Option<(Verifier, Option<Refresher>)>,
     resolved: AtStart,
-) {
+) -> Option<Traces> {
     let listen = config.listen.clone();
     let metrics_listen = config.metrics_listen;
     let upstream = tls::trusting(
@@ -31,6 +33,7 @@ pub fn add(
     let (verifier, refresher) = jwt.unzip();
     let (gateway, health_checks) = Gateway::new(config, verifier, resolved);
     let refresh = gateway.refresh_service();
+    let traces = gateway.traces();
     let mut proxy = ProxyServiceBuilder::new(&server.configuration, gateway)
         .client_options(upstream)
         .build();
@@ -54,4 +57,5 @@ pub fn add(
     if let Some(refresh) = refresh {
         server.add_service(background_service("discovery", refresh));
     }
+    traces
 }

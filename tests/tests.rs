@@ -24,3 +24,4 @@ mod sdk_agents;
 mod streaming;
 mod tenants;
 mod tls;
+mod tracing;

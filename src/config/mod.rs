@@ -10,8 +10,8 @@
 //! `deny_unknown_fields`, every default next to its field), its validated
 //! form, the ranges of its numbers and its checks: `listen`, `auth` (whose
 //! `jwt` is `crate::auth::jwt::config`'s), `upstream_tls`, `scheduler`,
-//! `routing`, `warmup`, `discovery`, `stored_responses`, `health_check` and
-//! `models` (each
+//! `routing`, `warmup`, `discovery`, `stored_responses`, `health_check`,
+//! `tenants`, `tracing` and `models` (each
 //! backend entry in `address`). This file holds the top level: its own
 //! fields, the environment overrides and loading.
 
@@ -26,6 +26,7 @@ mod routing;
 mod scheduler;
 mod stored_responses;
 mod tenants;
+mod tracing;
 mod upstream_tls;
 mod warmup;
 
@@ -47,6 +48,7 @@ pub use models::ModelConfig;
 pub use scheduler::Overflow;
 pub use stored_responses::StoredResponsesConfig;
 pub use tenants::TenantsConfig;
+pub use tracing::TracingConfig;
 pub use warmup::WarmupConfig;
 
 /// The validated gateway configuration.
@@ -79,6 +81,8 @@ pub struct GatewayConfig {
     /// `scheduler.replicas`: each replica enforces its share of tenant
     /// budgets.
     pub replicas: usize,
+    /// Request traces, exported over OTLP/HTTP; none: off.
+    pub tracing: Option<TracingConfig>,
     pub models: Vec<ModelConfig>,
 }
 
@@ -157,6 +161,8 @@ struct GatewayFile {
     /// Who shares the GPUs: weights and budgets per tenant.
     #[serde(default)]
     tenants: tenants::TenantsFile,
+    /// Optional OpenTelemetry traces of requests.
+    tracing: Option<tracing::TracingFile>,
     models: Vec<models::ModelFile>,
 }
 
@@ -292,6 +298,7 @@ fn validate(file: GatewayFile) -> Result<GatewayConfig, Invalid> {
         stored_responses: stored_responses::validate(file.stored_responses)?,
         tenants,
         replicas,
+        tracing: file.tracing.map(tracing::validate).transpose()?,
         models: models::validate(
             file.models,
             default_limits,

@@ -4,7 +4,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use log::warn;
 use pingora::proxy::Session;
@@ -66,6 +66,7 @@ impl Gateway {
                 candidate,
                 permit: None,
                 failed: false,
+                queued: Duration::ZERO,
                 response_started: false,
             });
         }
@@ -88,12 +89,14 @@ impl Gateway {
             // Waited too long, or its place went to a tenant within its
             // share (`admission::fair`).
             .map_err(|e| refused(pool, &members, &candidate.addr, tenant, e))?;
-        metrics::QUEUE_WAIT.observe(waited.elapsed().as_secs_f64());
+        let queued = waited.elapsed();
+        metrics::QUEUE_WAIT.observe(queued.as_secs_f64());
         Ok(Attempt {
             members,
             candidate,
             permit: Some(permit),
             failed: false,
+            queued,
             response_started: false,
         })
     }

@@ -14,6 +14,7 @@ use crate::errors::ApiError;
 use crate::pool::{Members, ModelPool};
 use crate::routing::{Candidate, Input};
 use crate::tenants::Tenant;
+use crate::trace::RequestSpan;
 
 /// What one request has decided so far, carried across Pingora's phases.
 /// Dropped by Pingora at the end of every request, which frees whatever it
@@ -27,6 +28,8 @@ pub struct RequestCtx {
     pub(super) first_byte: Option<Duration>,
     /// An error decided by the gateway, rendered by `fail_to_proxy`.
     pub(super) error: Option<ApiError>,
+    /// Its span, when tracing is on and it is an API request.
+    pub(super) trace: Option<RequestSpan>,
 }
 
 /// How far a request got.
@@ -69,6 +72,8 @@ pub(super) struct Attempt {
     pub(super) permit: Option<Permit>,
     /// Its backend failed: the next attempt goes elsewhere.
     pub(super) failed: bool,
+    /// Time in the admission queue, this attempt's and its predecessors'.
+    pub(super) queued: Duration,
     pub(super) response_started: bool,
 }
 

@@ -21,7 +21,9 @@
 //!   its tokens;
 //! - `fail_to_proxy`: answer errors in the shape of the client's API;
 //! - `logging`: the `prefix_cache` log line and the request metrics
-//!   (`record.rs`).
+//!   (`record.rs`), and the end of the request's span (`trace.rs`: a span
+//!   begins in `request_filter`, its context goes upstream in
+//!   `upstream_request_filter`, retries and refusals are its events).
 
 mod admit;
 mod body_reader;
@@ -32,6 +34,7 @@ mod record;
 mod respond;
 mod stored;
 mod tenant;
+mod trace;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -64,6 +67,7 @@ use crate::routing::owners;
 use crate::routing::Owners;
 use crate::tenants::{Tenant, Tenants};
 use crate::tls;
+use crate::trace::Traces;
 pub use ctx::RequestCtx;
 use ctx::{Attempt, Phase, Routed};
 use endpoints::Endpoint;
@@ -85,6 +89,8 @@ pub struct Gateway {
     lookup: stored::Lookup,
     /// Every tenant's budgets and weight.
     tenants: Tenants,
+    /// Request traces, when `tracing` is configured.
+    traces: Option<Traces>,
     /// Unix time of start, the `created` of `/v1/models` entries.
     started: u64,
 }
@@ -148,7 +154,9 @@ impl Gateway {
         let listed = t.list.iter().cloned().collect();
         let tenants = Tenants::new(listed, t.defaults, t.max_tracked, config.replicas)
             .expect("the configuration refuses a tenant named `other`");
+        let traces = config.tracing.clone().map(Traces::new);
         let gateway = Gateway {
+            traces,
             config: Arc::new(config),
             pools,
             jwt,
@@ -171,6 +179,12 @@ impl Gateway {
         auth::authenticate(api_keys, self.jwt.as_ref(), credential)
             .await
             .map(Some)
+    }
+
+    /// Its request tracer, if tracing is on: to export what is left when
+    /// the server has stopped.
+    pub fn traces(&self) -> Option<Traces> {
+        self.traces.clone()
     }
 
     /// The service that re-resolves the models' DNS names, if any has one.
@@ -300,18 +314,26 @@ impl Gateway {
         let Some(routed) = ctx.routed_mut() else {
             return false;
         };
-        match failover::decide(&failure) {
-            Decision::GiveUp => false,
+        let addr = routed.attempt.candidate.addr;
+        let decision = failover::decide(&failure);
+        let excluded = match decision {
+            Decision::GiveUp => return false,
             // Its pooled connection was closed: connect again, same slot.
-            Decision::Reconnect => true,
+            Decision::Reconnect => false,
             Decision::ExcludeAndRetry => {
-                let addr = routed.attempt.candidate.addr;
                 routed.attempt.failed = true;
                 routed.input.failed_on(addr);
-                self.exclude(&routed.pool.name, &routed.attempt.members, addr, e);
-                true
+                self.exclude(&routed.pool.name, &routed.attempt.members, addr, e)
+            }
+        };
+        if let Some(span) = &mut ctx.trace {
+            let reconnect = decision == Decision::Reconnect;
+            span.retry(addr, e.etype().as_str(), reconnect);
+            if excluded {
+                span.excluded(addr, self.config.failure_exclusion);
             }
         }
+        true
     }
 
     /// The failed attempt's slot is freed and the request routed again,
@@ -325,7 +347,8 @@ impl Gateway {
         let pool = routed.pool.clone();
         let share = routed.held.tenant().share().clone();
         let stop = match self.admit(session, &pool, &routed.input, &share).await {
-            Ok(attempt) => {
+            Ok(mut attempt) => {
+                attempt.queued += routed.attempt.queued;
                 routed.attempt = attempt;
                 return Ok(());
             }
@@ -347,12 +370,13 @@ impl Gateway {
 
     /// A backend failed before answering: count it, leave it out for the
     /// window, and say why (a refused connection, a certificate that did not
-    /// verify, ...).
-    fn exclude(&self, model: &str, members: &Members, addr: SocketAddr, why: &Error) {
+    /// verify, ...). True if this began its exclusion.
+    fn exclude(&self, model: &str, members: &Members, addr: SocketAddr, why: &Error) -> bool {
         if let Some(series) = members.series(&addr) {
             series.failures.inc();
         }
-        if members.exclusions().exclude(addr, Instant::now()) {
+        let began = members.exclusions().exclude(addr, Instant::now());
+        if began {
             warn!(
                 event = "backend_excluded",
                 model = model,
@@ -363,6 +387,7 @@ impl Gateway {
                 ""
             );
         }
+        began
     }
 }
 
@@ -378,6 +403,7 @@ impl ProxyHttp for Gateway {
             phase: Phase::Local,
             first_byte: None,
             error: None,
+            trace: None,
         }
     }
 
@@ -402,6 +428,11 @@ impl ProxyHttp for Gateway {
             return Ok(true);
         }
         let endpoint = endpoints::classify(&req.method, req.uri.path());
+        if let (Some(traces), Endpoint::Proxy(_) | Endpoint::Stored(_)) = (&self.traces, &endpoint)
+        {
+            let started = SystemTime::now() - ctx.started.elapsed();
+            ctx.trace = traces.begin(started, &req.method, &req.headers);
+        }
         // Before anything is read or queued; `/health` needs no credential.
         let authenticated = match endpoint {
             Endpoint::Health => Ok(None),
@@ -416,6 +447,7 @@ impl ProxyHttp for Gateway {
                 // The reason only: never the credential.
                 debug!(event = "auth_failed", reason = reason.as_str(); "");
                 let e = ApiError::Unauthorized(reason);
+                ctx.refused(&e);
                 respond(session, e.response(shape(session))).await;
                 return Ok(true);
             }
@@ -447,6 +479,7 @@ impl ProxyHttp for Gateway {
         match prepared {
             Ok(()) => Ok(false),
             Err(Stop::Answer(e)) => {
+                ctx.refused(&e);
                 respond(session, e.response(shape(session))).await;
                 Ok(true)
             }
@@ -461,6 +494,9 @@ impl ProxyHttp for Gateway {
     ) -> Result<Box<HttpPeer>> {
         if ctx.routed().is_some_and(|r| r.attempt.failed) {
             self.retry(session, ctx).await?;
+        }
+        if let Some(span) = &mut ctx.trace {
+            span.attempt();
         }
         // `request_filter` proxies a request only once a backend admitted it.
         let attempt = &ctx
@@ -505,6 +541,13 @@ impl ProxyHttp for Gateway {
             // The gateway's own question, in the one format it reads,
             // whatever the client asked.
             upstream.insert_header(load_report::FORMAT_HEADER, "json")?;
+        }
+        if let Some(span) = &ctx.trace {
+            // The backend's spans are the gateway span's children.
+            upstream.remove_header(trace::TRACESTATE);
+            for (name, value) in &span.context_headers() {
+                upstream.insert_header(name.clone(), value.clone())?;
+            }
         }
         Ok(())
     }
@@ -646,6 +689,9 @@ impl ProxyHttp for Gateway {
             .error
             .take()
             .or_else(|| errors::from_proxy_error(e.esource(), e.etype()));
+        if let Some(api) = &api {
+            ctx.refused(api);
+        }
         let code = match api {
             // Nothing can be sent once the response has begun.
             Some(api) if !ctx.response_started() => {
@@ -672,10 +718,11 @@ impl ProxyHttp for Gateway {
         client
     }
 
-    async fn logging(&self, session: &mut Session, _e: Option<&Error>, ctx: &mut RequestCtx) {
+    async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
         // Free the slot even if the response never ended cleanly.
         ctx.end();
         self.record(session, ctx);
+        trace::finish(session, ctx, e);
     }
 }
 

@@ -7,6 +7,7 @@ pub mod daemons;
 pub mod dns;
 pub mod gateway;
 pub mod metrics;
+pub mod otlp;
 pub mod ports;
 pub mod sdk;
 pub mod sim;

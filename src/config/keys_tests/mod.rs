@@ -120,11 +120,17 @@ fn ranges() -> BTreeMap<&'static str, String> {
         tenants::REQUESTS_PER_MINUTE,
         tenants::TOKENS_PER_MINUTE,
         tenants::MAX_TRACKED,
+        tracing::MAX_QUEUED_SPANS,
+        tracing::EXPORT_TIMEOUT_MS,
         address::WEIGHT,
         crate::auth::jwt::config::LEEWAY_SECS,
         crate::auth::jwt::config::JWKS_REFRESH_SECS,
     ];
-    let floats = [discovery::REFRESH_SECS, routing::BALANCE_FACTOR];
+    let floats = [
+        discovery::REFRESH_SECS,
+        routing::BALANCE_FACTOR,
+        tracing::SAMPLE_RATIO,
+    ];
     let integers = integers.iter().map(|b| (b.keys, b.to_string()));
     let floats = floats.iter().map(|b| (b.keys, b.to_string()));
     integers

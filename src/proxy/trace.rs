@@ -1,0 +1,67 @@
+//! The glue of a request's span (`crate::trace`): what the proxy knows at
+//! the end of a request, handed to the span as an `Outcome`.
+
+use pingora::proxy::Session;
+use pingora::Error;
+
+use super::{Phase, RequestCtx};
+use crate::api::{self, Api};
+use crate::errors::ApiError;
+use crate::trace::Outcome;
+
+/// A client's trace state, replaced by the one of the gateway's span.
+pub(super) const TRACESTATE: &str = "tracestate";
+
+impl RequestCtx {
+    /// The gateway answered `error` itself.
+    pub(super) fn refused(&mut self, error: &ApiError) {
+        if let Some(span) = &mut self.trace {
+            span.refused(error);
+        }
+    }
+}
+
+/// End the request's span, if it has one, with what it came to.
+pub(super) fn finish(session: &Session, ctx: &mut RequestCtx, e: Option<&Error>) {
+    let Some(span) = ctx.trace.take() else {
+        return;
+    };
+    if !span.is_recording() {
+        return;
+    }
+    let req = session.req_header();
+    let path = req.uri.path();
+    // A stored response's id is not part of its route.
+    let route = match api::stored_response(&req.method, path) {
+        Some(_) if path.ends_with("/cancel") => "/v1/responses/{id}/cancel",
+        Some(_) => "/v1/responses/{id}",
+        None => path,
+    };
+    let (model, routed) = match &ctx.phase {
+        Phase::Local => (None, None),
+        Phase::Unserved(pool) => (Some(pool.name.as_str()), None),
+        Phase::Routed(r) => (Some(r.pool.name.as_str()), Some(&**r)),
+    };
+    let attempt = routed.map(|r| &r.attempt);
+    let series = attempt.and_then(|a| a.members.series(&a.candidate.addr));
+    let tracker = routed.and_then(|r| r.tracker.as_ref());
+    let input = routed.map(|r| &r.input);
+    let outcome = Outcome {
+        method: req.method.as_str(),
+        route,
+        status: session.response_written().map_or(0, |r| r.status.as_u16()),
+        api: Api::of_post(path).filter(|_| req.method == http::Method::POST),
+        model,
+        tenant: ctx.tenant.as_ref().map(|t| t.label()),
+        backend: series.map(|s| s.label.as_str()),
+        routed_by: attempt.map(|a| a.candidate.route.as_str()),
+        header_key: input.and_then(|i| i.cache_key()).map(|k| k.as_bytes()),
+        derived_key: input.and_then(|i| i.derived_key()).map(|k| k.as_str()),
+        usage: routed.map(|r| r.usage()).unwrap_or_default(),
+        response_id: tracker.and_then(|t| t.response_id()),
+        queued: attempt.map(|a| a.queued),
+        first_byte: ctx.first_byte,
+        proxy_error: e.map(|e| e.etype().as_str()),
+    };
+    span.finish(outcome);
+}
