@@ -32,7 +32,11 @@ bench/results/overhead-features.md):
      commit's target/release).
   --tenants: a row `gateway-tenants`, `gateway` plus `gateway.tenants`
      (header X-Tenant; a: weight 2, requests_per_minute 100000000; b), and
-     wrk sends X-Tenant a and b alternating (chat.lua's 5th argument). The routers come from the venv bench/setup.sh makes
+     wrk sends X-Tenant a and b alternating (chat.lua's 5th argument).
+  --tracing: rows `gateway-trace-1` and `gateway-trace-0.01`, `gateway` plus
+     `gateway.tracing` at sample_ratio 1.0 and 0.01, exporting to an OTLP/HTTP
+     sink in this process (it answers every export with an empty success and
+     counts posts and bytes). The routers come from the venv bench/setup.sh makes
 (bench/.venv, or POIMEN_BENCH_VENV).
 Writes bench/results/overhead.md (or --out).
 """
@@ -61,6 +65,7 @@ FAST_MODEL = "sim-fast"
 SLOW_MODEL = "sim-slow"
 KEY_HEADER = "X-Poimen-Cache-Key"  # the session key header of nginx, the gateway and pingora-bare
 TENANT_HEADER = "X-Tenant"  # --tenants: the header gateway-tenants reads the tenant from
+TRACE_ROWS = {"gateway-trace-1": 1.0, "gateway-trace-0.01": 0.01}  # --tracing: row -> sample_ratio
 
 GATEWAYS = ("gateway", "gateway-quiet", "gateway-steal")
 # The LLM routers under comparison, from PyPI (pinned in bench/setup.sh): the
@@ -521,12 +526,14 @@ def main() -> int:
                     help="also a row NAME: `gateway` run from DIR/poimen-gateway (repeatable)")
     ap.add_argument("--tenants", action="store_true",
                     help="also a row gateway-tenants: `gateway` with tenants a and b named by X-Tenant")
+    ap.add_argument("--tracing", action="store_true",
+                    help="also rows " + ", ".join(TRACE_ROWS) + ": `gateway` with tracing at those sample ratios")
     ap.add_argument("--keep-logs", action="store_true")
     a = ap.parse_args()
     extra_bins = {}  # row name -> bin dir
     for spec in a.gateway_bin:
         name, sep, d = spec.partition("=")
-        if not sep or not name or name in ALL_TARGETS or name == "gateway-tenants":
+        if not sep or not name or name in ALL_TARGETS or name == "gateway-tenants" or name in TRACE_ROWS:
             ap.error(f"--gateway-bin {spec}: want NAME=DIR, NAME not one of the known rows")
         if not (Path(d) / "poimen-gateway").exists():
             ap.error(f"--gateway-bin {spec}: no {Path(d) / 'poimen-gateway'}")
@@ -548,7 +555,7 @@ def main() -> int:
             sys.exit(f"{venv / 'bin' / name} missing: run bash bench/setup.sh (or leave {name} out of --targets)")
     # the Rust binaries only for the gateway rows (and vllm-sim for SSE/RSS) and the bare proxies
     with_gateway = "gateway" in chosen
-    bins = C.bin_dir() if chosen & {*GATEWAYS, *BAREBONES} or a.tenants else None
+    bins = C.bin_dir() if chosen & {*GATEWAYS, *BAREBONES} or a.tenants or a.tracing else None
     sse_on = with_gateway and a.sse_rounds > 0
     rss_on = with_gateway and a.streams > 0
     t_start = time.time()
@@ -582,6 +589,10 @@ def main() -> int:
         rows = [r for r in rows if r[0] in chosen] + [(n, "info", False, d, {}) for n, d in extra_bins.items()]
         if a.tenants:
             rows.append(("gateway-tenants", "info", False, bins, {"tenants": tenants}))
+        sink = OtlpSink() if a.tracing else None
+        for name, ratio in TRACE_ROWS.items() if sink else ():
+            tracing = {"otlp_endpoint": sink.endpoint, "sample_ratio": ratio}
+            rows.append((name, "info", False, bins, {"tracing": tracing}))
         for name, rust_log, work_stealing, gw_bins, extra in rows:
             port, mport = C.free_port(), C.free_port()
             cfg = C.gateway_yaml(wd, name, port, mport, models, threads=T, scheduler=sched,
@@ -678,6 +689,9 @@ def main() -> int:
             m = C.http_get(f"http://127.0.0.1:{mport}/metrics")
             failures[name] = (C.prom_values(m, "poimen_gateway_backend_failures_total"),
                               sum(v for k, v in prom_codes(m).items() if k == "503"))
+            if name in TRACE_ROWS:
+                a.trace_drops = getattr(a, "trace_drops", {})
+                a.trace_drops[name] = sum(C.prom_values(m, "poimen_gateway_trace_spans_dropped_total").values())
             if name == "gateway-tenants":  # the header named the tenants: requests by tenant label
                 a.tenant_counts = {t: sum(float(line.rsplit(" ", 1)[1]) for line in m.splitlines()
                                           if line.startswith("poimen_gateway_tenant_requests_total{")
@@ -686,6 +700,8 @@ def main() -> int:
         # ---- 4. RSS: a fresh gateway, idle, then with STREAMS open streams
         for p, _, _ in gateways.values():
             procs.stop(p)
+        if sink:
+            a.trace_sink = sink.stop()
         rss = rss_part(a, T, wd, procs, bins) if rss_on else None
 
         report = render(a, T, targets, sat, paced, sse, rss, bins, time.time() - t_start, failures)
@@ -695,6 +711,42 @@ def main() -> int:
         print(report)
         print(f"written to {a.out}")
         return 0
+
+
+class OtlpSink:
+    """An OTLP/HTTP collector that keeps nothing: every POST is read whole and
+    answered 200 with an empty ExportTraceServiceResponse (an empty protobuf
+    message), on a thread of this process; posts and bytes are counted."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        counts = self.counts = {"posts": 0, "bytes": 0}
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+                n = int(self.headers.get("content-length", 0))
+                self.rfile.read(n)
+                counts["posts"] += 1
+                counts["bytes"] += n
+                self.send_response(200)
+                self.send_header("content-type", "application/x-protobuf")
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> tuple[int, int]:
+        self.server.shutdown()
+        return self.counts["posts"], self.counts["bytes"]
 
 
 def rss_part(a, T: int, wd: Path, procs: C.Procs, bins: Path) -> dict:
@@ -759,7 +811,7 @@ def render(a, T, targets, sat, paced, sse, rss, bins, elapsed, failures) -> str:
     args = " ".join(sys.argv[1:])
     w(f"- command: `bash bench/overhead/run.sh{(' ' + args) if args else ''}` (in effect: `--rounds {a.rounds} "
       f"--duration {a.duration:g} --threads {T} --targets {','.join(a.targets)}"
-      f"{''.join(f' --gateway-bin {spec}' for spec in a.gateway_bin)}{' --tenants' if a.tenants else ''}`...); "
+      f"{''.join(f' --gateway-bin {spec}' for spec in a.gateway_bin)}{' --tenants' if a.tenants else ''}{' --tracing' if a.tracing else ''}`...); "
       f"total run time {elapsed / 60:.1f} min")
     w("")
     w("## Saturated throughput")
@@ -796,6 +848,14 @@ def render(a, T, targets, sat, paced, sse, rss, bins, elapsed, failures) -> str:
           "(the other rows get no tenant header: every request is tenant `default`). Its "
           "`poimen_gateway_tenant_requests_total` over the run: "
           + ", ".join(f"{t} {v:,.0f}" for t, v in getattr(a, "tenant_counts", {}).items()) + ".")
+    if any(n in sat for n in TRACE_ROWS):
+        posts, size = getattr(a, "trace_sink", (0, 0))
+        drops = getattr(a, "trace_drops", {})
+        w("- " + ", ".join(f"`{n}`" for n in TRACE_ROWS) + ": `gateway` plus `gateway.tracing: {otlp_endpoint, "
+          "sample_ratio}` at 1.0 and 0.01: one span per request, exported over OTLP/HTTP (protobuf, batches of up "
+          "to 512) to a sink in the bench process that answers each export with an empty success. The sink took "
+          f"{posts:,} exports, {size / 1e6:,.1f} MB; spans dropped (`poimen_gateway_trace_spans_dropped_total`): "
+          + ", ".join(f"{n} {v:,.0f}" for n, v in drops.items()) + ".")
     if "gateway-quiet" in sat:
         w("- `gateway-quiet`: the same with `RUST_LOG=warn` (no per-request log line), to show what the log line costs.")
     if "gateway-steal" in sat:

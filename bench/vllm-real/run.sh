@@ -13,6 +13,9 @@
 #      SDKs), raw probes of those APIs, then the chat workload on two
 #      vllm-sim, and writes bench/results/vllm-real.md.
 # Arguments go to run.py (`--help` lists them). `--install-only` stops after 1.
+# `--trace` (first) runs trace.py instead: one request of each API through the
+# gateway to a vLLM that traces, and the trace that holds both their spans
+# (bench/results/vllm-trace.md, about 5 minutes).
 # Not part of CI: about 10-15 minutes on the 2-core machine, most of it the
 # vLLM servers' start-up. The gateway and vllm-sim come from POIMEN_BIN_DIR
 # (default target/release), as for the other benches.
@@ -61,4 +64,9 @@ echo "vllm venv $venv: $(installed) $("$venv/bin/python" -c 'import anthropic, o
 for a in "$@"; do
   [ "$a" = "--install-only" ] && exit 0
 done
+# --trace: one trace across the gateway and vLLM (trace.py) instead.
+if [ "${1:-}" = "--trace" ]; then
+  shift
+  exec "$venv/bin/python" "$here/trace.py" "$@"
+fi
 exec "$venv/bin/python" "$here/run.py" "$@"
