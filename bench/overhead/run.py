@@ -691,7 +691,7 @@ def main() -> int:
                               sum(v for k, v in prom_codes(m).items() if k == "503"))
             if name in TRACE_ROWS:
                 a.trace_drops = getattr(a, "trace_drops", {})
-                a.trace_drops[name] = sum(C.prom_values(m, "poimen_gateway_trace_spans_dropped_total").values())
+                a.trace_drops[name] = C.prom_values(m, "poimen_gateway_trace_spans_dropped_total")
             if name == "gateway-tenants":  # the header named the tenants: requests by tenant label
                 a.tenant_counts = {t: sum(float(line.rsplit(" ", 1)[1]) for line in m.splitlines()
                                           if line.startswith("poimen_gateway_tenant_requests_total{")

@@ -201,12 +201,19 @@ def render(a, rows: list[dict], startup: float, elapsed: float) -> str:
       "each export (opentelemetry-proto). Each request carries a client `traceparent` of its own "
       "(sampled) and `X-Poimen-Cache-Key: trace-demo`.")
     w("")
-    w("| request | status | gateway span child of the client's | vLLM span(s) child of the gateway's |")
-    w("|---|---:|---|---|")
+    w("| request | status | gateway span child of the client's | vLLM span(s) child of the gateway's | "
+      "prompt / completion tokens: gateway span, vLLM span |")
+    w("|---|---:|---|---|---|")
     for r in rows:
         vls = [s for s in r["spans"] if s["service"] == "vllm"]
+        gws = [s for s in r["spans"] if s["service"] == "poimen-gateway"]
+        ours = [(s["attributes"].get("gen_ai.usage.input_tokens"), s["attributes"].get("gen_ai.usage.output_tokens"))
+                for s in gws]
+        theirs = [(s["attributes"].get("gen_ai.usage.prompt_tokens"),
+                   s["attributes"].get("gen_ai.usage.completion_tokens")) for s in vls]
+        tokens = f"{' '.join(f'{p} / {c}' for p, c in ours)}, {' '.join(f'{p} / {c}' for p, c in theirs)}"
         w(f"| {r['label']} (`{r['path']}`) | {r['status']} | {'yes' if r['gateway_child_of_client'] else 'NO'} | "
-          f"{'yes' if r['vllm_child_of_gateway'] else ('no vLLM span' if not vls else 'NO')} |")
+          f"{'yes' if r['vllm_child_of_gateway'] else ('no vLLM span' if not vls else 'NO')} | {tokens} |")
     w("")
     w("## The traces")
     w("")

@@ -542,13 +542,7 @@ impl ProxyHttp for Gateway {
             // whatever the client asked.
             upstream.insert_header(load_report::FORMAT_HEADER, "json")?;
         }
-        if let Some(span) = &ctx.trace {
-            // The backend's spans are the gateway span's children.
-            upstream.remove_header(trace::TRACESTATE);
-            for (name, value) in &span.context_headers() {
-                upstream.insert_header(name.clone(), value.clone())?;
-            }
-        }
+        trace::inject(ctx, upstream);
         Ok(())
     }
 

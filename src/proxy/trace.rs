@@ -1,6 +1,8 @@
 //! The glue of a request's span (`crate::trace`): what the proxy knows at
 //! the end of a request, handed to the span as an `Outcome`.
 
+use opentelemetry::propagation::Injector;
+use pingora::http::RequestHeader;
 use pingora::proxy::Session;
 use pingora::Error;
 
@@ -9,8 +11,35 @@ use crate::api::{self, Api};
 use crate::errors::ApiError;
 use crate::trace::Outcome;
 
-/// A client's trace state, replaced by the one of the gateway's span.
-pub(super) const TRACESTATE: &str = "tracestate";
+/// The W3C trace context headers: the client's are replaced by the
+/// gateway's span's.
+const TRACEPARENT: &str = "traceparent";
+const TRACESTATE: &str = "tracestate";
+
+/// The request's span, as the parent of the backend's spans: its context
+/// in the request upstream, in place of the client's.
+pub(super) fn inject(ctx: &RequestCtx, upstream: &mut RequestHeader) {
+    if let Some(span) = &ctx.trace {
+        upstream.remove_header(TRACESTATE);
+        span.inject(&mut Upstream(upstream));
+    }
+}
+
+/// The propagator's writer into the request upstream.
+struct Upstream<'a>(&'a mut RequestHeader);
+
+impl Injector for Upstream<'_> {
+    fn set(&mut self, key: &str, value: String) {
+        let name = match key {
+            TRACEPARENT => TRACEPARENT,
+            TRACESTATE => TRACESTATE,
+            _ => return,
+        };
+        // The propagator writes only well-formed values; one that is not
+        // is not sent.
+        let _ = self.0.insert_header(name, value);
+    }
+}
 
 impl RequestCtx {
     /// The gateway answered `error` itself.
@@ -46,13 +75,17 @@ pub(super) fn finish(session: &Session, ctx: &mut RequestCtx, e: Option<&Error>)
     let series = attempt.and_then(|a| a.members.series(&a.candidate.addr));
     let tracker = routed.and_then(|r| r.tracker.as_ref());
     let input = routed.map(|r| &r.input);
+    let method = match req.method {
+        http::Method::GET => "GET",
+        _ => "POST", // the only other method of a traced route
+    };
     let outcome = Outcome {
-        method: req.method.as_str(),
+        method,
         route,
         status: session.response_written().map_or(0, |r| r.status.as_u16()),
         api: Api::of_post(path).filter(|_| req.method == http::Method::POST),
         model,
-        tenant: ctx.tenant.as_ref().map(|t| t.label()),
+        tenant: ctx.tenant.as_ref().map(|t| t.shared_label().into()),
         backend: series.map(|s| s.label.as_str()),
         routed_by: attempt.map(|a| a.candidate.route.as_str()),
         header_key: input.and_then(|i| i.cache_key()).map(|k| k.as_bytes()),

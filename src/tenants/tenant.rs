@@ -45,6 +45,11 @@ impl Tenant {
         &self.label
     }
 
+    /// The label, shared (a trace's attribute holds it).
+    pub fn shared_label(&self) -> Arc<str> {
+        self.label.clone()
+    }
+
     /// The tenant as each backend's fair admission knows it.
     pub fn share(&self) -> &admission::Tenant {
         &self.share

@@ -4,10 +4,9 @@
 
 use std::time::Duration;
 
-use opentelemetry::propagation::TextMapPropagator;
+use opentelemetry::propagation::{Injector, TextMapPropagator};
 use opentelemetry::trace::{Span as _, Status};
-use opentelemetry::KeyValue;
-use opentelemetry_http::HeaderInjector;
+use opentelemetry::{KeyValue, StringValue};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::Span;
 
@@ -62,7 +61,7 @@ pub struct RequestSpan {
 
 /// What a request came to, read when it ends.
 pub struct Outcome<'a> {
-    pub method: &'a str,
+    pub method: &'static str,
     /// The route it matched: its path, with a stored response's id as
     /// `{id}`.
     pub route: &'a str,
@@ -70,10 +69,10 @@ pub struct Outcome<'a> {
     pub status: u16,
     pub api: Option<Api>,
     pub model: Option<&'a str>,
-    pub tenant: Option<&'a str>,
+    pub tenant: Option<StringValue>,
     /// Where it went: the backend's label and the route's name.
     pub backend: Option<&'a str>,
-    pub routed_by: Option<&'a str>,
+    pub routed_by: Option<&'static str>,
     /// The key it was routed by: the header's value, or a derived key
     /// (already a hash).
     pub header_key: Option<&'a [u8]>,
@@ -84,7 +83,7 @@ pub struct Outcome<'a> {
     pub first_byte: Option<Duration>,
     /// The proxy's error, when it failed without a refusal of the gateway
     /// (e.g. `ConnectRefused`).
-    pub proxy_error: Option<&'a str>,
+    pub proxy_error: Option<&'static str>,
 }
 
 impl RequestSpan {
@@ -101,13 +100,11 @@ impl RequestSpan {
         self.span.is_recording()
     }
 
-    /// Its context as W3C trace context headers (`traceparent`, and
-    /// `tracestate` if any), for the request upstream.
-    pub fn context_headers(&self) -> http::HeaderMap {
-        let mut headers = http::HeaderMap::new();
+    /// Write its context as W3C trace context headers (`traceparent`, and
+    /// `tracestate` if any) into `headers`: the request upstream.
+    pub fn inject(&self, headers: &mut dyn Injector) {
         let context = super::context_of(self.span.span_context());
-        TraceContextPropagator::new().inject_context(&context, &mut HeaderInjector(&mut headers));
-        headers
+        TraceContextPropagator::new().inject_context(&context, headers);
     }
 
     /// A connection to a backend is being tried.
@@ -169,10 +166,7 @@ impl RequestSpan {
         };
         self.span.update_name(name);
         let mut a = Vec::with_capacity(20);
-        a.push(KeyValue::new(
-            semconv::HTTP_REQUEST_METHOD,
-            o.method.to_string(),
-        ));
+        a.push(KeyValue::new(semconv::HTTP_REQUEST_METHOD, o.method));
         a.push(KeyValue::new(semconv::HTTP_ROUTE, o.route.to_string()));
         if o.status != 0 {
             a.push(KeyValue::new(
@@ -188,9 +182,13 @@ impl RequestSpan {
             };
             a.push(KeyValue::new(semconv::GEN_AI_PROVIDER_NAME, provider));
         }
+        // Values are moved to the exporting thread: static or shared where
+        // they can be, copied where they cannot.
         let text = |key: &'static str, value: Option<&str>| {
             value.map(|v| KeyValue::new(key, v.to_string()))
         };
+        let word =
+            |key: &'static str, value: Option<&'static str>| value.map(|v| KeyValue::new(key, v));
         let seconds =
             |key: &'static str, d: Option<Duration>| d.map(|d| KeyValue::new(key, d.as_secs_f64()));
         let tokens = |key: &'static str, n: Option<u64>| {
@@ -210,9 +208,9 @@ impl RequestSpan {
             [
                 text(semconv::GEN_AI_REQUEST_MODEL, o.model),
                 text(semconv::GEN_AI_RESPONSE_ID, o.response_id),
-                text(TENANT, o.tenant),
+                o.tenant.map(|t| KeyValue::new(TENANT, t)),
                 text(BACKEND, o.backend),
-                text(ROUTE, o.routed_by),
+                word(ROUTE, o.routed_by),
                 tokens(semconv::GEN_AI_USAGE_INPUT_TOKENS, u.prompt_tokens),
                 tokens(semconv::GEN_AI_USAGE_OUTPUT_TOKENS, u.completion_tokens),
                 tokens(
@@ -230,14 +228,13 @@ impl RequestSpan {
         }
         // The gateway's own word first; else the proxy's; else the status
         // of a server error.
-        let error = self
-            .error
-            .map(str::to_string)
-            .or(o.proxy_error.map(str::to_string))
-            .or((o.status >= 500).then(|| o.status.to_string()));
+        let error: Option<StringValue> = match self.error.or(o.proxy_error) {
+            Some(word) => Some(word.into()),
+            None => (o.status >= 500).then(|| o.status.to_string().into()),
+        };
         if o.status >= 500 {
-            let why = error.clone().unwrap_or_default();
-            self.span.set_status(Status::error(why));
+            let why = error.as_ref().map_or("", StringValue::as_str);
+            self.span.set_status(Status::error(why.to_string()));
         }
         if let Some(error) = error {
             a.push(KeyValue::new(semconv::ERROR_TYPE, error));
