@@ -4,6 +4,7 @@
 //! stalled costing no request.
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use serde_json::{json, Value};
@@ -18,6 +19,17 @@ const CLIENT_SPAN: &str = "00f067aa0ba902b7";
 
 fn tracing(endpoint: &str, extra: &str) -> String {
     format!("  tracing:\n    otlp_endpoint: {endpoint}\n{extra}")
+}
+
+/// A gateway tracing to `endpoint` (`extra` lines under `tracing:`, then
+/// `rest`), model `m` on `backends`.
+async fn start(endpoint: &str, extra: &str, rest: &str, backends: &[SocketAddr]) -> Gateway {
+    let config = format!(
+        "{}{rest}{}",
+        tracing(endpoint, extra),
+        one_model("m", backends)
+    );
+    Gateway::start(&config).await
 }
 
 fn usage_reply() -> Reply {
@@ -64,12 +76,7 @@ async fn a_keyed_request_is_one_span_continuing_the_clients_trace() {
     let b = FakeBackend::start().await;
     b.set_reply(usage_reply());
     let extra = "    service_name: gw-test\n  tenants: {header: X-Tenant}\n";
-    let gw = Gateway::start(&format!(
-        "{}{}",
-        tracing(&otlp.endpoint(), extra),
-        one_model("m", &[b.addr])
-    ))
-    .await;
+    let gw = start(&otlp.endpoint(), extra, "", &[b.addr]).await;
     let parent = format!("00-{CLIENT_TRACE}-{CLIENT_SPAN}-01");
     let headers = [
         ("traceparent", parent.as_str()),
@@ -136,11 +143,12 @@ async fn a_retried_request_has_its_retry_and_the_exclusion_as_events() {
     let otlp = Collector::start().await;
     let mut a = FakeBackend::start().await;
     let b = FakeBackend::start().await;
-    let gw = Gateway::start(&format!(
-        "{}  failure_exclusion_secs: 7\n{}",
-        tracing(&otlp.endpoint(), ""),
-        one_model("m", &[a.addr, b.addr])
-    ))
+    let gw = start(
+        &otlp.endpoint(),
+        "",
+        "  failure_exclusion_secs: 7\n",
+        &[a.addr, b.addr],
+    )
     .await;
     let key = key_owned_by(a.addr, &[a.addr, b.addr]);
     a.stop();
@@ -191,12 +199,7 @@ async fn a_refused_request_says_why() {
     let b = FakeBackend::start().await;
     b.set_delay(Duration::from_millis(1500));
     let extra = "  scheduler: {max_num_seqs: 1, max_queue_depth: 0}\n  tenants:\n    header: X-Tenant\n    list:\n      - {name: r, requests_per_minute: 1}\n";
-    let gw = Gateway::start(&format!(
-        "{}{extra}{}",
-        tracing(&otlp.endpoint(), ""),
-        one_model("m", &[b.addr])
-    ))
-    .await;
+    let gw = start(&otlp.endpoint(), "", extra, &[b.addr]).await;
     let gw = std::sync::Arc::new(gw);
     let busy = {
         let gw = gw.clone();
@@ -251,12 +254,7 @@ async fn a_collector_down_or_stalled_costs_no_request() {
     let endpoint = format!("http://{}", down.local_addr().unwrap());
     drop(down);
     let extra = "    export_timeout_ms: 300\n";
-    let gw = Gateway::start(&format!(
-        "{}{}",
-        tracing(&endpoint, extra),
-        one_model("m", &[b.addr])
-    ))
-    .await;
+    let gw = start(&endpoint, extra, "", &[b.addr]).await;
     for _ in 0..20 {
         assert_eq!(post(&gw, &[]).await, 200);
     }
@@ -272,12 +270,7 @@ async fn a_collector_down_or_stalled_costs_no_request() {
     // holds 4 more, and the rest are dropped at once.
     let stalled = Collector::start_stalled().await;
     let extra = "    max_queued_spans: 4\n    export_timeout_ms: 60000\n";
-    let gw = Gateway::start(&format!(
-        "{}{}",
-        tracing(&stalled.endpoint(), extra),
-        one_model("m", &[b.addr])
-    ))
-    .await;
+    let gw = start(&stalled.endpoint(), extra, "", &[b.addr]).await;
     for _ in 0..30 {
         assert_eq!(post(&gw, &[]).await, 200);
     }
@@ -293,12 +286,7 @@ async fn a_collector_down_or_stalled_costs_no_request() {
 async fn sampling_keeps_the_context_and_drops_the_span() {
     let otlp = Collector::start().await;
     let b = FakeBackend::start().await;
-    let mut gw = Gateway::start(&format!(
-        "{}{}",
-        tracing(&otlp.endpoint(), "    sample_ratio: 0.0\n"),
-        one_model("m", &[b.addr])
-    ))
-    .await;
+    let mut gw = start(&otlp.endpoint(), "    sample_ratio: 0.0\n", "", &[b.addr]).await;
     assert_eq!(post(&gw, &[]).await, 200);
     // A sampled parent is followed whatever the ratio.
     let parent = format!("00-{CLIENT_TRACE}-{CLIENT_SPAN}-01");
@@ -339,12 +327,7 @@ async fn without_tracing_the_clients_context_goes_upstream_untouched() {
 async fn spans_still_queued_at_shutdown_are_exported() {
     let otlp = Collector::start().await;
     let b = FakeBackend::start().await;
-    let mut gw = Gateway::start(&format!(
-        "{}{}",
-        tracing(&otlp.endpoint(), ""),
-        one_model("m", &[b.addr])
-    ))
-    .await;
+    let mut gw = start(&otlp.endpoint(), "", "", &[b.addr]).await;
     for _ in 0..3 {
         assert_eq!(post(&gw, &[]).await, 200);
     }
