@@ -52,6 +52,22 @@ async fn post(gw: &Gateway, headers: &[(&str, &str)]) -> u16 {
     req.send().await.unwrap().status().as_u16()
 }
 
+/// The attributes of a chat completion's span for model `m` answered
+/// `status`, with `more`.
+fn chat_span(status: u16, more: Value) -> Value {
+    let mut span = json!({
+        "http.request.method": "POST",
+        "http.route": "/v1/chat/completions",
+        "http.response.status_code": status,
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": "openai",
+        "gen_ai.request.model": "m",
+    });
+    let fields = span.as_object_mut().unwrap();
+    fields.extend(more.as_object().unwrap().clone());
+    span
+}
+
 fn only(spans: &[Received]) -> &Received {
     assert_eq!(spans.len(), 1, "{spans:#?}");
     &spans[0]
@@ -103,23 +119,20 @@ async fn a_keyed_request_is_one_span_continuing_the_clients_trace() {
         &["poimen.queue.duration", "poimen.time_to_first_byte"],
     );
     let key_hash = format!("{:016x}", xxhash_rust::xxh3::xxh3_64(b"session-42"));
-    let expected = json!({
-        "http.request.method": "POST",
-        "http.route": "/v1/chat/completions",
-        "http.response.status_code": 200,
-        "gen_ai.operation.name": "chat",
-        "gen_ai.provider.name": "openai",
-        "gen_ai.request.model": "m",
-        "gen_ai.usage.input_tokens": 651,
-        "gen_ai.usage.output_tokens": 16,
-        "gen_ai.usage.cache_read.input_tokens": 512,
-        "poimen.tenant": "alice",
-        "poimen.backend": b.addr.to_string(),
-        "poimen.route": "hash",
-        "poimen.attempts": 1,
-        "poimen.cache_key.hash": key_hash,
-        "poimen.cache_key.source": "header",
-    });
+    let expected = chat_span(
+        200,
+        json!({
+            "gen_ai.usage.input_tokens": 651,
+            "gen_ai.usage.output_tokens": 16,
+            "gen_ai.usage.cache_read.input_tokens": 512,
+            "poimen.tenant": "alice",
+            "poimen.backend": b.addr.to_string(),
+            "poimen.route": "hash",
+            "poimen.attempts": 1,
+            "poimen.cache_key.hash": key_hash,
+            "poimen.cache_key.source": "header",
+        }),
+    );
     assert_eq!(serde_json::to_value(&attributes).unwrap(), expected);
     assert_eq!(got.resource["service.name"], "gw-test");
     assert_eq!(got.resource["service.version"], env!("CARGO_PKG_VERSION"));
@@ -162,20 +175,17 @@ async fn a_retried_request_has_its_retry_and_the_exclusion_as_events() {
         &["poimen.queue.duration", "poimen.time_to_first_byte"],
     );
     // The backends answer without usage: no gen_ai.usage.*; no error.
-    let expected = json!({
-        "http.request.method": "POST",
-        "http.route": "/v1/chat/completions",
-        "http.response.status_code": 200,
-        "gen_ai.operation.name": "chat",
-        "gen_ai.provider.name": "openai",
-        "gen_ai.request.model": "m",
-        "poimen.tenant": "default",
-        "poimen.backend": b.addr.to_string(),
-        "poimen.route": "fallback",
-        "poimen.attempts": 2,
-        "poimen.cache_key.hash": format!("{:016x}", xxhash_rust::xxh3::xxh3_64(key.as_bytes())),
-        "poimen.cache_key.source": "header",
-    });
+    let expected = chat_span(
+        200,
+        json!({
+            "poimen.tenant": "default",
+            "poimen.backend": b.addr.to_string(),
+            "poimen.route": "fallback",
+            "poimen.attempts": 2,
+            "poimen.cache_key.hash": format!("{:016x}", xxhash_rust::xxh3::xxh3_64(key.as_bytes())),
+            "poimen.cache_key.source": "header",
+        }),
+    );
     assert_eq!(serde_json::to_value(&attributes).unwrap(), expected);
     // No trace context arrived: the gateway began the trace.
     assert!(got.span.parent_span_id.is_empty());
@@ -242,16 +252,13 @@ async fn a_refused_request_says_why() {
         };
         assert_eq!(got.span.name, "chat m");
         // Never sent anywhere: no backend, attempt, queue time or usage.
-        let expected = json!({
-            "http.request.method": "POST",
-            "http.route": "/v1/chat/completions",
-            "http.response.status_code": status,
-            "gen_ai.operation.name": "chat",
-            "gen_ai.provider.name": "openai",
-            "gen_ai.request.model": "m",
-            "poimen.tenant": attributes["poimen.tenant"],
-            "error.type": reason,
-        });
+        let expected = chat_span(
+            status,
+            json!({
+                "poimen.tenant": attributes["poimen.tenant"],
+                "error.type": reason,
+            }),
+        );
         assert_eq!(serde_json::to_value(&attributes).unwrap(), expected);
         let reason_only = BTreeMap::from([("poimen.reason".to_string(), json!(reason))]);
         assert_eq!(got.events(), vec![(event.to_string(), reason_only)]);

@@ -430,7 +430,8 @@ impl ProxyHttp for Gateway {
         let endpoint = endpoints::classify(&req.method, req.uri.path());
         if let (Some(traces), Endpoint::Proxy(_) | Endpoint::Stored(_)) = (&self.traces, &endpoint)
         {
-            let started = SystemTime::now() - ctx.started.elapsed();
+            let now = SystemTime::now();
+            let started = now.checked_sub(ctx.started.elapsed()).unwrap_or(now);
             ctx.trace = traces.begin(started, &req.method, &req.headers);
         }
         // Before anything is read or queued; `/health` needs no credential.
