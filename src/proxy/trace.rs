@@ -75,12 +75,7 @@ pub(super) fn finish(session: &Session, ctx: &mut RequestCtx, e: Option<&Error>)
     let series = attempt.and_then(|a| a.members.series(&a.candidate.addr));
     let tracker = routed.and_then(|r| r.tracker.as_ref());
     let input = routed.map(|r| &r.input);
-    let method = match req.method {
-        http::Method::GET => "GET",
-        _ => "POST", // the only other method of a traced route
-    };
     let outcome = Outcome {
-        method,
         route,
         status: session.response_written().map_or(0, |r| r.status.as_u16()),
         api: Api::of_post(path).filter(|_| req.method == http::Method::POST),

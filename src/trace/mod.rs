@@ -26,7 +26,7 @@ use std::time::SystemTime;
 use log::error;
 use opentelemetry::propagation::TextMapPropagator;
 use opentelemetry::trace::{SpanKind, Tracer, TracerProvider};
-use opentelemetry::{Context, KeyValue};
+use opentelemetry::KeyValue;
 use opentelemetry_http::HeaderExtractor;
 use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
@@ -66,7 +66,8 @@ impl Traces {
     }
 
     /// The span of a request whose header was read at `started`: a child of
-    /// the context in its `traceparent`, if any. Named by its method until
+    /// the context in its `traceparent`, if any. Named by its method (`GET`,
+    /// else `POST`: a traced route takes no other) until
     /// [`RequestSpan::finish`] knows better.
     pub fn begin(
         &self,
@@ -86,7 +87,7 @@ impl Traces {
             .with_kind(SpanKind::Server)
             .with_start_time(started)
             .start_with_context(&pipeline.tracer, &parent);
-        Some(RequestSpan::new(span))
+        Some(RequestSpan::new(span, name))
     }
 
     /// Export what is still queued, within the export timeout. For the end
@@ -149,10 +150,4 @@ impl Pipeline {
         let tracer = provider.tracer(env!("CARGO_PKG_NAME"));
         Ok(Pipeline { provider, tracer })
     }
-}
-
-/// An empty context with `span`'s, for writing it into headers.
-fn context_of(span: &opentelemetry::trace::SpanContext) -> Context {
-    use opentelemetry::trace::TraceContextExt;
-    Context::new().with_remote_span_context(span.clone())
 }

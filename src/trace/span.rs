@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use opentelemetry::propagation::{Injector, TextMapPropagator};
-use opentelemetry::trace::{Span as _, Status};
-use opentelemetry::{KeyValue, StringValue};
+use opentelemetry::trace::{Span as _, Status, TraceContextExt};
+use opentelemetry::{Context, KeyValue, StringValue};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::Span;
 
@@ -54,6 +54,8 @@ pub const REASON: &str = "poimen.reason";
 /// One request's span, from its header to its end.
 pub struct RequestSpan {
     span: Span,
+    /// `GET` or `POST`, the only methods of a traced route.
+    method: &'static str,
     attempts: i64,
     /// Why the gateway refused or failed it, if it did.
     error: Option<&'static str>,
@@ -61,7 +63,6 @@ pub struct RequestSpan {
 
 /// What a request came to, read when it ends.
 pub struct Outcome<'a> {
-    pub method: &'static str,
     /// The route it matched: its path, with a stored response's id as
     /// `{id}`.
     pub route: &'a str,
@@ -87,9 +88,10 @@ pub struct Outcome<'a> {
 }
 
 impl RequestSpan {
-    pub(super) fn new(span: Span) -> Self {
+    pub(super) fn new(span: Span, method: &'static str) -> Self {
         RequestSpan {
             span,
+            method,
             attempts: 0,
             error: None,
         }
@@ -103,7 +105,7 @@ impl RequestSpan {
     /// Write its context as W3C trace context headers (`traceparent`, and
     /// `tracestate` if any) into `headers`: the request upstream.
     pub fn inject(&self, headers: &mut dyn Injector) {
-        let context = super::context_of(self.span.span_context());
+        let context = Context::new().with_remote_span_context(self.span.span_context().clone());
         TraceContextPropagator::new().inject_context(&context, headers);
     }
 
@@ -162,11 +164,11 @@ impl RequestSpan {
         let operation = o.api.and_then(|api| api.gen_ai_operation(o.route));
         let name = match (operation, o.model) {
             (Some(op), Some(model)) => format!("{op} {model}"),
-            _ => format!("{} {}", o.method, o.route),
+            _ => format!("{} {}", self.method, o.route),
         };
         self.span.update_name(name);
         let mut a = Vec::with_capacity(20);
-        a.push(KeyValue::new(semconv::HTTP_REQUEST_METHOD, o.method));
+        a.push(KeyValue::new(semconv::HTTP_REQUEST_METHOD, self.method));
         a.push(KeyValue::new(semconv::HTTP_ROUTE, o.route.to_string()));
         if o.status != 0 {
             a.push(KeyValue::new(
