@@ -318,6 +318,78 @@ def start_gateway(procs: Procs, bins: Path, name: str, cfg: Path, port: int,
     return p
 
 
+# --------------------------------------------------------------------------
+# the LLM routers (vllm-router, sglang-router), from the venv bench/setup.sh makes
+
+
+# The header each router's session-key policy reads the key from:
+# vllm-router's consistent_hash and sglang-router's manual policy.
+ROUTER_KEY_HEADERS = {"vllm-router": "X-Session-Id", "sglang-router": "X-SMG-Routing-Key"}
+
+
+def router_version(venv: Path, dist: str) -> str:
+    r = subprocess.run([str(venv / "bin" / "python"), "-c",
+                        f"import importlib.metadata as m; print(m.version({dist!r}))"],
+                       capture_output=True, text=True)
+    return r.stdout.strip() if r.returncode == 0 else "?"
+
+
+def router_argv(router: str, venv: Path, port: int, metrics_port: int, backend_ports: list[int],
+                policy: str) -> list[str]:
+    """`router` ("vllm-router" or "sglang-router") as a user would start it in
+    front of these backends, with `policy`; the rest at its defaults (retries,
+    circuit breaker, health checks, metrics), bound to loopback, logging at
+    warn."""
+    workers = [f"http://127.0.0.1:{p}" for p in backend_ports]
+    common = ["--host", "127.0.0.1", "--port", str(port), "--worker-urls", *workers,
+              "--policy", policy,
+              "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port)]
+    if router == "vllm-router":
+        # "--log-level warning" alone still logs 3 INFO lines per request in
+        # 0.1.17 (consistent_hash debug lines); RUST_LOG=warn (start_router) quiets them
+        return [str(venv / "bin" / "vllm-router"), *common, "--log-level", "warning"]
+    if router == "sglang-router":
+        # the default 180 s shutdown grace would outlast Procs.stop's 5 s SIGTERM wait
+        return [str(venv / "bin" / "sglang-router"), "launch", *common, "--log-level", "warn",
+                "--shutdown-grace-period-secs", "1"]
+    raise ValueError(router)
+
+
+def start_router(procs: Procs, name: str, router: str, venv: Path, threads: int, port: int,
+                 backend_ports: list[int], policy: str, ready, timeout: float = 60.0) -> subprocess.Popen:
+    """Starts `router` (process name `name`, its log `<name>.log`) with
+    `threads` tokio worker threads (TOKIO_WORKER_THREADS: neither has a flag
+    for it; both build tokio's multi-thread runtime without setting a count,
+    so tokio reads the variable), RUST_LOG=warn and NO_COLOR=1, and waits
+    until it proxies: until `ready(port)` returns without raising (listening
+    is not yet routing: the routers register their workers after they bind)."""
+    env = dict(os.environ)
+    env["TOKIO_WORKER_THREADS"] = str(threads)
+    env["RUST_LOG"] = "warn"
+    env["NO_COLOR"] = "1"
+    p = procs.start(name, router_argv(router, venv, port, free_port(), backend_ports, policy), env=env)
+    wait_port(port, timeout=timeout, proc=p)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            ready(port)
+            return p
+        except Exception as e:  # noqa: BLE001
+            if p.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{name} does not route ({e!r}; log: {procs.workdir / name}.log)") from e
+            time.sleep(0.2)
+
+
+def http_post(port: int, path: str, body: bytes, headers: dict | None = None, timeout: float = 5.0) -> bytes:
+    """One POST to 127.0.0.1:port; the body of a 200 answer (anything else raises)."""
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=body, method="POST",
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        if r.status != 200:
+            raise RuntimeError(f"{path}: status {r.status}")
+        return r.read()
+
+
 def prom_values(text: str, name: str) -> float:
     """Sum of every sample of metric `name` in a Prometheus text page."""
     total = 0.0

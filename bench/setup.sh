@@ -6,7 +6,8 @@
 #   PyPI:   aiohttp (paced / SSE / routing / overload clients), matplotlib (chart)
 #   PyPI, in a venv of their own (bench/.venv, git-ignored; POIMEN_BENCH_VENV
 #           puts it elsewhere), pinned: vllm-router 0.1.17 and sglang-router
-#           0.3.2, the LLM routers bench/overhead compares the gateway with
+#           0.3.2, the LLM routers bench/overhead and bench/routing (its peer
+#           modes) compare the gateway with
 #           (Debian: python3-venv when Python's venv module lacks ensurepip)
 # With --profile also: linux-perf, strace, curl, heaptrack (for
 # bench/overhead/profile.py and allocs.py only).

@@ -17,7 +17,7 @@ use pingora::server::configuration::ServerConf;
 use crate::api::Api;
 use crate::config::{GatewayConfig, ModelConfig};
 use crate::discovery::{self, Entries};
-use crate::routing::{rendezvous, Affinity, Keyless, Request, Router, Status};
+use crate::routing::{rendezvous, Affinity, Facts, Keyless, Request, Router};
 
 const USAGE: &str =
     "usage: poimen-gateway route -c FILE --model M (--key K | --body FILE) [--path PATH]";
@@ -96,7 +96,7 @@ fn ranked(
         "backend", "score"
     )];
     let order = router
-        .rank(Request::new(affinity, &[]), |_| Status::default())
+        .rank(Request::new(affinity, &[]), |_| Facts::default())
         .unwrap_or_default();
     for (i, c) in order.iter().enumerate() {
         let w = weight(members, &c.addr);

@@ -200,6 +200,15 @@ pub static PREFIX_CACHE_HIT_TOKENS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     )
 });
 
+/// What the prefix index expected cached, beside what vLLM reported.
+pub static PREFIX_INDEX_EXPECTED_TOKENS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter_vec(
+        "poimen_gateway_prefix_index_expected_tokens_total",
+        "Prompt tokens the prefix index expected the backend to hold, of responses whose usage was read (routing.prefix_index)",
+        BACKEND,
+    )
+});
+
 /// The denominator of the hit rate: hit / prompt is one PromQL division.
 pub static PROMPT_TOKENS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     counter_vec(
@@ -324,6 +333,16 @@ pub fn register_moves(models: Vec<(String, Reading)>) {
     );
 }
 
+/// `poimen_gateway_prefix_index_tokens{model,backend}`: the prompt tokens
+/// the prefix index takes the backend to hold (`routing::index`).
+pub fn register_prefix_index(models: Vec<(String, Reading)>) {
+    register_scrape_gauge(
+        "poimen_gateway_prefix_index_tokens",
+        "Prompt tokens the prefix index takes the backend to hold in its KV cache (routing.prefix_index)",
+        models,
+    );
+}
+
 /// A backend's per-request series and labels, resolved once when it joins
 /// the set: a request then neither formats the address nor hashes label
 /// values to count (see `pool::Members`).
@@ -336,13 +355,19 @@ pub struct BackendSeries {
     pub hit_tokens: IntCounter,
     pub prompt_tokens: IntCounter,
     pub usage_missing: IntCounter,
+    /// With a prefix index only.
+    pub expected_tokens: Option<IntCounter>,
 }
 
 impl BackendSeries {
-    pub fn new(model: &str, addr: &SocketAddr) -> Self {
+    /// The series of backend `addr` of `model`; `indexed`: the model keeps
+    /// a prefix index.
+    pub fn new(model: &str, addr: &SocketAddr, indexed: bool) -> Self {
         let label = addr.to_string();
         let labels = [model, label.as_str()];
         BackendSeries {
+            expected_tokens: indexed
+                .then(|| PREFIX_INDEX_EXPECTED_TOKENS.with_label_values(&labels)),
             header: HeaderValue::from_str(&label).expect("an address is a valid header value"),
             failures: BACKEND_FAILURES.with_label_values(&labels),
             hit_tokens: PREFIX_CACHE_HIT_TOKENS.with_label_values(&labels),
@@ -402,6 +427,7 @@ pub fn remove_backend(model: &str, backend: &str) {
     for vec in [
         &*BACKEND_FAILURES,
         &*PREFIX_CACHE_HIT_TOKENS,
+        &*PREFIX_INDEX_EXPECTED_TOKENS,
         &*PROMPT_TOKENS,
         &*USAGE_MISSING,
         &*QUEUE_REJECTED,

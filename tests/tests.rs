@@ -17,6 +17,7 @@ mod jwt;
 mod load_feedback;
 mod logging;
 mod operations;
+mod prefix_index;
 mod reload;
 mod responses;
 mod routing;

@@ -52,7 +52,6 @@ import resource
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 sys.dont_write_bytecode = True  # no __pycache__ in the work tree
@@ -72,8 +71,10 @@ GATEWAYS = ("gateway", "gateway-quiet", "gateway-steal")
 # console script in the venv, the policy that routes by a session key, and
 # the header that policy reads the key from.
 ROUTERS = {
-    "vllm-router": {"dist": "vllm-router", "policy": "consistent_hash", "header": "X-Session-Id"},
-    "sglang-router": {"dist": "sglang-router", "policy": "manual", "header": "X-SMG-Routing-Key"},
+    "vllm-router": {"dist": "vllm-router", "policy": "consistent_hash",
+                    "header": C.ROUTER_KEY_HEADERS["vllm-router"]},
+    "sglang-router": {"dist": "sglang-router", "policy": "manual",
+                      "header": C.ROUTER_KEY_HEADERS["sglang-router"]},
 }
 # pingora-bare plus, one by one, the body read, the peer's timeouts and two
 # response headers: what any model router on Pingora needs, without the
@@ -220,61 +221,20 @@ def start_nginx(procs: C.Procs, name: str, conf: Path, port: int):
     return p
 
 
-def router_version(venv: Path, dist: str) -> str:
-    r = subprocess.run([str(venv / "bin" / "python"), "-c",
-                        f"import importlib.metadata as m; print(m.version({dist!r}))"],
-                       capture_output=True, text=True)
-    return r.stdout.strip() if r.returncode == 0 else "?"
-
-
-def router_argv(name: str, venv: Path, port: int, metrics_port: int, backend_ports: list[int]) -> list[str]:
-    """The router as a user would start it in front of these 4 backends, with
-    its session-key policy; the rest at its defaults (retries, circuit
-    breaker, health checks, metrics), bound to loopback, logging at warn."""
-    workers = [f"http://127.0.0.1:{p}" for p in backend_ports]
-    common = ["--host", "127.0.0.1", "--port", str(port), "--worker-urls", *workers,
-              "--policy", ROUTERS[name]["policy"],
-              "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port)]
-    if name == "vllm-router":
-        # "--log-level warning" alone still logs 3 INFO lines per request in
-        # 0.1.17 (consistent_hash debug lines); RUST_LOG=warn (below) quiets them
-        return [str(venv / "bin" / "vllm-router"), *common, "--log-level", "warning"]
-    # the default 180 s shutdown grace would outlast Procs.stop's 5 s SIGTERM wait
-    return [str(venv / "bin" / "sglang-router"), "launch", *common, "--log-level", "warn",
-            "--shutdown-grace-period-secs", "1"]
-
-
 def start_router(procs: C.Procs, name: str, venv: Path, threads: int, port: int,
                  backend_ports: list[int]):
-    """Starts a router with `threads` tokio worker threads (TOKIO_WORKER_THREADS:
-    neither has a flag for it; both build tokio's multi-thread runtime without
-    setting a count, so tokio reads the variable) and waits until it proxies."""
-    env = dict(os.environ)
-    env["TOKIO_WORKER_THREADS"] = str(threads)
-    env["RUST_LOG"] = "warn"
-    env["NO_COLOR"] = "1"
-    p = procs.start(name, router_argv(name, venv, port, C.free_port(), backend_ports), env=env)
-    C.wait_port(port, timeout=60, proc=p)
-    deadline = time.monotonic() + 60
-    while True:  # listening is not yet routing: wait for its first 200
-        try:
-            post(port, "/v1/chat/completions", chat_body(FAKE_MODEL, "bench-session-001", False, 16),
-                 ROUTERS[name]["header"], "bench-session-001")
-            return p
-        except Exception:  # noqa: BLE001
-            if p.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{name} does not answer 200 on /v1/chat/completions (log: {procs.workdir / name}.log)")
-            time.sleep(0.2)
+    """Starts a router row with its session-key policy (C.start_router:
+    TOKIO_WORKER_THREADS=threads, RUST_LOG=warn, NO_COLOR=1) and waits for its
+    first 200 on a chat request."""
+    def ready(p: int) -> None:
+        post(p, "/v1/chat/completions", chat_body(FAKE_MODEL, "bench-session-001", False, 16),
+             ROUTERS[name]["header"], "bench-session-001")
+    return C.start_router(procs, name, name, venv, threads, port, backend_ports, ROUTERS[name]["policy"], ready)
 
 
 def post(port: int, path: str, body: bytes, header: str, key: str) -> bytes:
     """One POST; the body of a 200 answer (anything else raises)."""
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=body, method="POST",
-                                 headers={"Content-Type": "application/json", header: key})
-    with urllib.request.urlopen(req, timeout=5) as r:
-        if r.status != 200:
-            raise RuntimeError(f"{path}: status {r.status}")
-        return r.read()
+    return C.http_post(port, path, body, {header: key})
 
 
 def check_target(t: dict, n_backends: int) -> str:
@@ -619,7 +579,7 @@ def main() -> int:
                 port = C.free_port()
                 p = start_router(procs, name, venv, T, port, fake_ports)
                 targets.append({"name": name, "port": port, "pid": p.pid, "header": ROUTERS[name]["header"],
-                                "version": router_version(venv, ROUTERS[name]["dist"])})
+                                "version": C.router_version(venv, ROUTERS[name]["dist"])})
         for t in targets:
             t.setdefault("header", KEY_HEADER)
         # sanity: every target answers 200 with the backends' body and keeps a key

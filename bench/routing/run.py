@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """Routing quality: prefix-cache reuse and time to first token through
-poimen-gateway in front of 4 (or 3) vllm-sim instances with tight KV caches.
+poimen-gateway in front of 4 (or 3) vllm-sim instances with tight KV caches,
+side by side (optionally) with the cache-aware and session-key policies of
+vllm-router and sglang-router in the gateway's place (PEERS).
 
 Workload (seeded, identical in every mode): agent sessions; each has a long
 system prompt shared by all sessions (6,000 bytes = 1,500 sim tokens) and a
@@ -29,6 +31,17 @@ rate, printed beside it). Variants (--variants):
            branches, 193 requests (uniform: 144). Session 0 is rank 1.
   few      10 sessions on 3 sims, one branch each (the one-command demo's
            shape: 10 agent sessions, 3 GPUs)
+  skewed   zipf's law on more sessions: the fewest sessions whose distinct
+           prompt tokens reach 2.6 x the fleet's cache (sims x
+           --kv-cache-tokens; zipf is 2.28 x): 74 with the defaults
+  pressure uniform's shape (one branch of --turns turns per session) on the
+           fewest sessions whose distinct prompt tokens reach 2 x the
+           fleet's cache: 50 with the defaults (300 requests). At most
+           --concurrency branches (16) in flight, whose contexts are ~0.8 x
+           the fleet's cache: the LRU drops finished sessions, so a keyed
+           mode barely feels the pressure; --pressure-concurrency 40 puts
+           ~2 x in flight at once
+Default variants: uniform,hot,zipf,few (those of bench/results/routing.md).
 Branches run concurrently, at most --concurrency at a time, in a seeded order.
 The sims' --kv-cache-tokens is the same in every variant: a quarter of the
 uniform workload's distinct prompt tokens.
@@ -50,8 +63,9 @@ turn 1 on the same backend" share shows it).
 (here the system message = shared prompt + session memory): one key per
 session, the same for its warmup, its turns and all its branches, as `key`.
 
-Modes (--modes; sims and gateway restarted before each: cold caches; gateway
-max_num_seqs 4 (= the sims' --max-num-seqs) in all; see MODES):
+Modes (--modes; the default: all of these gateway modes; sims and gateway
+restarted before each: cold caches; gateway max_num_seqs 4 (= the sims'
+--max-num-seqs) in all; see MODES):
   no-key          no X-Poimen-Cache-Key: round-robin; max_queue_depth 20
   key             X-Poimen-Cache-Key = session id: rendezvous; max_queue_depth 20
   key-q2          the same keys, max_queue_depth 2, overflow reject
@@ -64,11 +78,34 @@ max_num_seqs 4 (= the sims' --max-num-seqs) in all; see MODES):
   system          no header, routing.keyless: system (the key covers the
                   messages before the first user one: the system message)
   system-bounded  no header, routing.keyless: system, balance_factor 1.2
+  cost            the same keys, routing.prefix_index (cache_tokens = the
+                  sims' --kv-cache-tokens): by cost over the prefix index
+  cost-no-key     no header, round-robin order, routing.prefix_index
+  cost-system     no header, routing.keyless: system, routing.prefix_index
+Peers (not run by default; PEERS): the LLM router from bench/.venv (bash
+bench/setup.sh) in the gateway's place, in front of the same sims, started
+as bench/overhead does (C.start_router: loopback, log level warn,
+RUST_LOG=warn, NO_COLOR=1, TOKIO_WORKER_THREADS=--router-threads), at its
+defaults but for the policy; no gateway scheduler in front of them:
+  sglang-cache-aware           sglang-router launch --policy cache_aware; no key
+  sglang-manual                sglang-router launch --policy manual; session id
+                               in X-SMG-Routing-Key
+  vllm-router-cache-aware      vllm-router --policy cache_aware; no key
+  vllm-router-consistent-hash  vllm-router --policy consistent_hash; session
+                               id in X-Session-Id
+They send no X-Poimen-Backend or X-Poimen-Route (same-backend columns: —).
+A router is ready once a 4-token chat request through it is answered; the
+sims' counters are read after that and after the workload, and the
+difference reported (for the gateway modes too).
+--prefill-us N sets the sims' --prefill-us-per-token (default 20, the sim's
+default); at 30 (x --time-scale 4) a cold 5,000-token context costs 600 ms
+of prefill against 11 ms for a decode step of a full batch.
 key-q2 and spill-q2 differ only in `overflow`: a hot backend's overflow gets
 503 in one and goes to the next backend in the key's ranking in the other.
 Before any run every mode's gateway config is checked (`poimen-gateway -t`);
-a binary that refuses one (e.g. `routing:` before that feature exists) stops
-the bench, or, with --skip-unsupported, drops that mode.
+a binary that refuses one (e.g. `routing:` before that feature exists), or a
+peer whose router is not installed, stops the bench, or, with
+--skip-unsupported, drops that mode.
 
 Repetitions are interleaved (repetition 1 of every variant and mode, then
 repetition 2, ...; mode order reversed in every other one) and the report
@@ -112,18 +149,50 @@ BYTES_PER_TOKEN = 4
 
 
 
-# Variants: sessions (None = --sessions), sims, and how sessions become branches.
+# Variants: sessions (None = --sessions; "fit" = the fewest sessions whose
+# distinct prompt tokens reach `cache_ratio` x the fleet's cache, i.e. x sims
+# x --kv-cache-tokens), sims, and how sessions become branches.
 VARIANTS = {
     "uniform": {"sessions": None, "sims": 4, "law": "one"},
     "hot": {"sessions": None, "sims": 4, "law": "hot"},
     "zipf": {"sessions": 64, "sims": 4, "law": "zipf", "exponent": 1.1},
+    "skewed": {"sessions": "fit", "sims": 4, "law": "zipf", "exponent": 1.1, "cache_ratio": 2.6},
+    "pressure": {"sessions": "fit", "sims": 4, "law": "one", "cache_ratio": 2.0},
     "few": {"sessions": 10, "sims": 3, "law": "one"},
 }
 MAX_SIMS = max(v["sims"] for v in VARIANTS.values())
+DEFAULT_VARIANTS = ["uniform", "hot", "zipf", "few"]  # what bench/results/routing.md was made with
 
 
-def variant_sessions(variant: str, a) -> int:
-    return VARIANTS[variant]["sessions"] or a.sessions
+def variant_sessions(variant: str, a, kv: int, target_turns: int) -> int:
+    n = VARIANTS[variant]["sessions"]
+    if n == "fit":
+        return fit_sessions(variant, a, kv, target_turns)
+    return n or a.sessions
+
+
+def fit_sessions(variant: str, a, kv: int, target_turns: int) -> int:
+    """The fewest sessions for which the variant's distinct prompt tokens
+    (warmups included, as the oracle counts them) reach cache_ratio x the
+    fleet's cache (sims x kv)."""
+    v = VARIANTS[variant]
+    want = v["cache_ratio"] * v["sims"] * kv
+    seen: dict[int, int] = {}
+
+    def distinct(n: int) -> int:
+        if n not in seen:
+            wl = build_workload(a.seed, n, a.turns, variant, a.answer_tokens, target_turns, not a.no_warmups)
+            seen[n] = oracle(wl, a.answer_tokens)["distinct_block_tokens"]
+        return seen[n]
+
+    n = max(1, a.sessions)
+    for _ in range(4):  # distinct tokens grow about linearly with sessions
+        n = max(1, round(n * want / distinct(n)))
+    while distinct(n) < want:
+        n += 1
+    while n > 1 and distinct(n - 1) >= want:
+        n -= 1
+    return n
 
 
 def zipf_turns(sessions: int, exponent: float, target: int) -> tuple[float, list[int]]:
@@ -258,10 +327,12 @@ def oracle(branches: list[dict], answer_tokens: int) -> dict:
 # client
 
 
-async def run_workload(port: int, branches: list[dict], send_key: bool, concurrency: int,
+async def run_workload(port: int, branches: list[dict], key_header: str | None, concurrency: int,
                        answer_tokens: int, second: dict[int, int] | None = None) -> dict:
-    """`second` (--warm-second): session -> the port of the sim its key ranks
-    second; each warmup is also sent there, straight to the sim, at once."""
+    """`key_header`: the header the session id goes in (X-Poimen-Cache-Key,
+    or a router's key header), None for none. `second` (--warm-second):
+    session -> the port of the sim its key ranks second; each warmup is also
+    sent there, straight to the sim, at once."""
     import aiohttp
     url = f"http://127.0.0.1:{port}/v1/chat/completions"
     sem = asyncio.Semaphore(concurrency)
@@ -282,8 +353,8 @@ async def run_workload(port: int, branches: list[dict], send_key: bool, concurre
             # to a client that asks for it.
             body["stream_options"] = {"include_usage": True}
         headers = {"Content-Type": "application/json"}
-        if send_key:
-            headers["X-Poimen-Cache-Key"] = f"session-{br['session']:03d}"
+        if key_header:
+            headers[key_header] = f"session-{br['session']:03d}"
         if warm:
             headers["X-Poimen-Warmup"] = "true"
         rec = {"session": br["session"], "branch": br["branch"], "kind": kind, "status": None,
@@ -359,7 +430,37 @@ MODES = {
     "system": {"key": False, "queue": "large", "overflow": "reject", "routing": {"keyless": "system"}},
     "system-bounded": {"key": False, "queue": "large", "overflow": "reject",
                        "routing": {"keyless": "system", "balance_factor": 1.2}},
+    # routing.prefix_index: cache_tokens is filled in with the sims' own
+    # --kv-cache-tokens (gateway_config).
+    "cost": {"key": True, "queue": "large", "overflow": "reject", "routing": {"prefix_index": {}}},
+    "cost-no-key": {"key": False, "queue": "large", "overflow": "reject", "routing": {"prefix_index": {}}},
+    "cost-system": {"key": False, "queue": "large", "overflow": "reject",
+                    "routing": {"keyless": "system", "prefix_index": {}}},
 }
+# The peers: an LLM router from bench/.venv (bench/setup.sh pins them) in the
+# gateway's place, in front of the same sims, at its defaults but for its
+# policy (C.router_argv: loopback, log level warn, sglang-router's shutdown
+# grace 1 s; TOKIO_WORKER_THREADS = --router-threads, RUST_LOG=warn,
+# NO_COLOR=1). "key": the client sends the session id in the router's key
+# header (C.ROUTER_KEY_HEADERS). No gateway, so no gateway scheduler: the
+# requests go straight to the sims, which queue them (FIFO, unbounded).
+PEERS = {
+    "sglang-cache-aware": {"router": "sglang-router", "policy": "cache_aware", "key": False},
+    "sglang-manual": {"router": "sglang-router", "policy": "manual", "key": True},
+    "vllm-router-cache-aware": {"router": "vllm-router", "policy": "cache_aware", "key": False},
+    "vllm-router-consistent-hash": {"router": "vllm-router", "policy": "consistent_hash", "key": True},
+}
+for _name, _peer in PEERS.items():
+    MODES[_name] = {"key": _peer["key"], "peer": _peer, "queue": None, "overflow": None, "routing": None}
+GATEWAY_MODES = [m for m in MODES if m not in PEERS]
+
+
+def key_header(mode: str) -> str | None:
+    """The header the client puts the session id in, None for none."""
+    m = MODES[mode]
+    if not m["key"]:
+        return None
+    return C.ROUTER_KEY_HEADERS[m["peer"]["router"]] if mode in PEERS else "X-Poimen-Cache-Key"
 
 
 def seeded_ports(rng: random.Random) -> list[int]:
@@ -383,13 +484,16 @@ def queue_depth(mode: str, a) -> int:
     return a.queue_depth if MODES[mode]["queue"] == "large" else a.small_queue_depth
 
 
-def gateway_config(wd: Path, name: str, mode: str, sim_ports: list[int], a, port: int, metrics: int) -> Path:
+def gateway_config(wd: Path, name: str, mode: str, sim_ports: list[int], a, port: int, metrics: int,
+                   kv_tokens: int = 26624) -> Path:
     m = MODES[mode]
     sched = {"max_num_seqs": 4, "max_queue_depth": queue_depth(mode, a),
              "queue_timeout_ms": 120000, "overflow": m["overflow"]}
     extra = {"warmup": {"delay_ms": a.warmup_delay_ms}}
     if m["routing"]:
         extra["routing"] = dict(m["routing"])
+        if "prefix_index" in extra["routing"]:
+            extra["routing"]["prefix_index"] = {"cache_tokens": kv_tokens}
     return C.gateway_yaml(wd, name, port, metrics,
                           [{"name": MODEL, "addresses": [f"127.0.0.1:{p}" for p in sim_ports]}],
                           threads=2, scheduler=sched, extra=extra)
@@ -400,7 +504,13 @@ def preflight(bins: Path, wd: Path, modes: list[str], a) -> dict[str, str]:
     modes whose config the binary refuses, with its message."""
     ports = [C.free_port() for _ in range(MAX_SIMS)]
     refused = {}
+    venv = C.bench_venv()
     for m in modes:
+        if m in PEERS:
+            exe = venv / "bin" / PEERS[m]["router"]
+            if not exe.exists():
+                refused[m] = f"{exe} missing (run bash bench/setup.sh)"
+            continue
         cfg = gateway_config(wd, f"check-{m}", m, ports, a, C.free_port(), C.free_port())
         chk = subprocess.run([str(bins / "poimen-gateway"), "-t", "-c", str(cfg)], capture_output=True, text=True)
         if chk.returncode != 0:
@@ -408,8 +518,22 @@ def preflight(bins: Path, wd: Path, modes: list[str], a) -> dict[str, str]:
     return refused
 
 
+def peer_command(mode: str) -> str:
+    """A peer's command line as the report shows it (P, M: its free ports)."""
+    pr = PEERS[mode]
+    argv = C.router_argv(pr["router"], Path("venv"), 0, 0, [], pr["policy"])
+    argv[0] = Path(argv[0]).name
+    return (" ".join(argv).replace("--prometheus-port 0", "--prometheus-port M").replace("--port 0", "--port P")
+            .replace("--worker-urls ", "--worker-urls <the sims> "))
+
+
 def mode_config_text(mode: str, a) -> str:
     m = MODES[mode]
+    if mode in PEERS:
+        pr = m["peer"]
+        return (f"| `{mode}` | {'session id in `' + key_header(mode) + '`' if m['key'] else 'none'} | — (no "
+                f"gateway) | — | {pr['router']} {C.router_version(C.bench_venv(), pr['router'])} "
+                f"`--policy {pr['policy']}` |")
     routing = ", ".join(f"{k}: {v}" for k, v in (m["routing"] or {}).items()) or "—"
     return (f"| `{mode}` | {'session id' if m['key'] else 'none'} | {queue_depth(mode, a)} | {m['overflow']} | "
             f"{routing} |")
@@ -426,26 +550,36 @@ def run_mode(bins, wd, procs, mode: str, variant: str, branches, a, kv_tokens: i
         sims.append(C.start_sim(procs, bins, f"sim-{variant}-{mode}-{i}", p,
                                 "--max-num-seqs", "4", "--kv-cache-tokens", str(kv_tokens),
                                 "--time-scale", str(a.time_scale), "--max-model-len", "65536",
+                                "--prefill-us-per-token", str(a.prefill_us),
                                 model=MODEL))
-    gw_port, gw_metrics = C.free_port(), C.free_port()
-    cfg = gateway_config(wd, f"gw-{variant}-{mode}", mode, sim_ports, a, gw_port, gw_metrics)
-    gw = C.start_gateway(procs, bins, f"gw-{variant}-{mode}", cfg, gw_port)
+    front_port = C.free_port()
+    cfg = None
+    if mode in PEERS:
+        pr = PEERS[mode]
+        front = C.start_router(procs, f"router-{variant}-{mode}", pr["router"], C.bench_venv(), a.router_threads,
+                               front_port, sim_ports, pr["policy"], router_ready)
+    else:
+        cfg = gateway_config(wd, f"gw-{variant}-{mode}", mode, sim_ports, a, front_port, C.free_port(),
+                             kv_tokens)
+        front = C.start_gateway(procs, bins, f"gw-{variant}-{mode}", cfg, front_port)
     try:
-        second = (second_choices(bins, cfg, branches) if a.warm_second and MODES[mode]["key"] else None)
-        res = asyncio.run(run_workload(gw_port, branches, MODES[mode]["key"], a.concurrency, a.answer_tokens,
+        # What the sims counted before the workload (a router's readiness
+        # probe: a few tokens, no full block): subtracted below.
+        before = [sim_counters(p) for p in sim_ports]
+        second = (second_choices(bins, cfg, branches)
+                  if a.warm_second and MODES[mode]["key"] and mode not in PEERS else None)
+        res = asyncio.run(run_workload(front_port, branches, key_header(mode), concurrency(variant, a), a.answer_tokens,
                                        second))
         hits = queries = 0.0
         per_sim = []
-        for p in sim_ports:
-            m = C.http_get(f"http://127.0.0.1:{p}/metrics")
-            h = C.prom_values(m, "vllm:prefix_cache_hits_total")
-            q = C.prom_values(m, "vllm:prefix_cache_queries_total")
-            st = json.loads(C.http_get(f"http://127.0.0.1:{p}/sim/stats"))
+        for p, b in zip(sim_ports, before):
+            c = sim_counters(p)
+            h, q, n = (c[k] - b[k] for k in ("hits", "queries", "requests"))
             hits += h
             queries += q
-            per_sim.append({"port": p, "requests": st["requests"], "hits": h, "queries": q})
+            per_sim.append({"port": p, "requests": n, "hits": h, "queries": q})
     finally:
-        procs.stop(gw)
+        procs.stop(front)
         for s in sims:
             procs.stop(s)
     recs = res["records"]
@@ -474,14 +608,37 @@ def run_mode(bins, wd, procs, mode: str, variant: str, branches, a, kv_tokens: i
         "routes": dict(Counter(r["route"] for r in recs if r["route"])),
         "other_errors": len(other_err), "other_error_examples": [r["error"] or r["status"] for r in other_err[:3]],
         "per_sim_requests": per,
-        "turn_samples": [(r["route"], r["ttft"] * 1000, r["prompt"] or 0, r["cached"] or 0)
-                         for r in ok_turns if r["route"] and r["ttft"] is not None],
+        # a peer sends no X-Poimen-Route: its turns under "(router)"
+        "turn_samples": [(r["route"] or ("(router)" if mode in PEERS else None), r["ttft"] * 1000,
+                          r["prompt"] or 0, r["cached"] or 0)
+                         for r in ok_turns if (r["route"] or mode in PEERS) and r["ttft"] is not None],
         "load_max_min": max(per) / min(per) if min(per) else math.inf,
         "load_max_mean": max(per) / mean if mean else float("nan"),
         "same_warm": same_warm, "same_turn": same_turn,
         "per_sim_hit": [s["hits"] / s["queries"] if s["queries"] else 0 for s in per_sim],
         "hot_share": sum(1 for r in recs if r["session"] == 0) / len(recs),
     }
+
+
+def concurrency(variant: str, a) -> int:
+    """Branches in flight at once: --concurrency, or --pressure-concurrency in `pressure`."""
+    return (a.pressure_concurrency or a.concurrency) if variant == "pressure" else a.concurrency
+
+
+def sim_counters(port: int) -> dict:
+    """A sim's prefix-cache counters (its /metrics) and request count (/sim/stats)."""
+    m = C.http_get(f"http://127.0.0.1:{port}/metrics")
+    st = json.loads(C.http_get(f"http://127.0.0.1:{port}/sim/stats"))
+    return {"hits": C.prom_values(m, "vllm:prefix_cache_hits_total"),
+            "queries": C.prom_values(m, "vllm:prefix_cache_queries_total"), "requests": st["requests"]}
+
+
+def router_ready(port: int) -> None:
+    """A router routes once it has registered its workers: one tiny chat
+    request (4 prompt tokens, no full KV block, so no cache entry) answered
+    200 by a sim through it."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1}
+    C.http_post(port, "/v1/chat/completions", json.dumps(body).encode())
 
 
 def second_choices(bins: Path, cfg: Path, branches: list[dict]) -> dict[int, int]:
@@ -633,11 +790,21 @@ def names(arg: str, known: list[str], what: str) -> list[str]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--sessions", type=int, default=24, help="sessions of uniform and hot (zipf: 64, few: 10)")
+    ap.add_argument("--sessions", type=int, default=24,
+                    help="sessions of uniform and hot (zipf: 64, few: 10; skewed and pressure: fitted to "
+                         "2.6x and 2x the fleet's cache)")
     ap.add_argument("--turns", type=int, default=5, help="turns per branch (zipf: at most)")
     ap.add_argument("--answer-tokens", type=int, default=32)
     ap.add_argument("--concurrency", type=int, default=16, help="branches in flight at once")
+    ap.add_argument("--pressure-concurrency", type=int, default=0,
+                    help="branches in flight at once in `pressure` (0: --concurrency). With --concurrency 16 the "
+                         "contexts in flight are ~0.8 x the fleet's cache; e.g. 40 puts ~2 x in flight")
     ap.add_argument("--time-scale", type=float, default=4.0, help="vllm-sim --time-scale")
+    ap.add_argument("--prefill-us", type=int, default=20,
+                    help="vllm-sim --prefill-us-per-token: prefill cost per uncached prompt token in µs, "
+                         "before --time-scale (default: the sim's own default)")
+    ap.add_argument("--router-threads", type=int, default=2,
+                    help="the peers' TOKIO_WORKER_THREADS (the gateway runs threads: 2)")
     ap.add_argument("--queue-depth", type=int, default=20, help="gateway max_queue_depth of every mode but *-q2")
     ap.add_argument("--small-queue-depth", type=int, default=2, help="gateway max_queue_depth of key-q2, spill-q2")
     ap.add_argument("--warmup-delay-ms", type=int, default=100)
@@ -649,8 +816,10 @@ def main() -> int:
     ap.add_argument("--kv-tokens", type=int, default=0,
                     help="vllm-sim --kv-cache-tokens; 0 = a quarter of the uniform workload's distinct tokens")
     ap.add_argument("--reps", type=int, default=3, help="repetitions of every (variant, mode), interleaved; medians")
-    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of %(default)s")
-    ap.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of %(default)s")
+    ap.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
+                    help=f"comma-separated, default %(default)s; known: {','.join(VARIANTS)}")
+    ap.add_argument("--modes", default=",".join(GATEWAY_MODES),
+                    help=f"comma-separated, default the gateway's modes (%(default)s); the peers: {','.join(PEERS)}")
     ap.add_argument("--skip-unsupported", action="store_true",
                     help="drop the modes whose gateway config the binary refuses instead of stopping")
     ap.add_argument("--out", default=str(C.RESULTS / "routing.md"))
@@ -664,14 +833,14 @@ def main() -> int:
     modes = names(a.modes, list(MODES), "modes")
     C.signals_raise()
     bins = C.bin_dir()
-    target = a.sessions * a.turns  # zipf: as many turns as uniform
-    workloads = {v: build_workload(a.seed, variant_sessions(v, a), a.turns, v, a.answer_tokens, target,
+    target = a.sessions * a.turns  # zipf, skewed: as many turns as uniform
+    base = oracle(build_workload(a.seed, a.sessions, a.turns, "uniform", a.answer_tokens), a.answer_tokens)
+    kv = a.kv_tokens or int(math.ceil(base["distinct_block_tokens"] / 4 / 1024) * 1024)
+    workloads = {v: build_workload(a.seed, variant_sessions(v, a, kv, target), a.turns, v, a.answer_tokens, target,
                                    not a.no_warmups)
                  for v in variants}
     oracles = {v: oracle(workloads[v], a.answer_tokens) for v in variants}
     heads = {v: check_heads(workloads[v], a.answer_tokens) for v in variants}
-    base = oracle(build_workload(a.seed, a.sessions, a.turns, "uniform", a.answer_tokens), a.answer_tokens)
-    kv = a.kv_tokens or int(math.ceil(base["distinct_block_tokens"] / 4 / 1024) * 1024)
     for v in variants:
         o, h = oracles[v], heads[v]
         print(f"workload {v}: {h['sessions']} sessions, {h['branches']} branches, {n_requests(workloads[v])} "
@@ -688,7 +857,8 @@ def main() -> int:
         refused = preflight(bins, wd, modes, a)
         if refused:
             for m, msg in refused.items():
-                print(f"mode {m}: {bins / 'poimen-gateway'} refuses its config: {msg}", file=sys.stderr)
+                print(f"mode {m}: {'not available' if m in PEERS else bins / 'poimen-gateway'}"
+                      f"{'' if m in PEERS else ' refuses its config'}: {msg}", file=sys.stderr)
             if not a.skip_unsupported:
                 sys.exit(f"{len(refused)} mode(s) not supported by this binary: {','.join(refused)} "
                          "(leave them out with --modes, or pass --skip-unsupported)")
@@ -715,7 +885,7 @@ def main() -> int:
                     done += 1
                     el = time.time() - t_start
                     print(f"  [{done}/{total}, {el / 60:.1f} min, ~{el / done * (total - done) / 60:.1f} min left] "
-                          f"rep {rep + 1} {v:7s} {m:14s} {run_line(r)}  per sim {r['per_sim_requests']}  "
+                          f"rep {rep + 1} {v:8s} {m:27s} {run_line(r)}  per sim {r['per_sim_requests']}  "
                           f"wall {r['wall']:.1f}s (run {r['cell_secs']:.1f}s)  other errors {r['other_errors']}\n"
                           f"    turns by route: {fmt_by_route(by_route(r['turn_samples']))}",
                           flush=True)
@@ -733,7 +903,7 @@ def main() -> int:
         print("summary (medians):")
         for v in variants:
             for m in modes:
-                print(f"  {v:7s} {m:14s} {run_line(med[(v, m)])}  (oracle {oracles[v]['hit_rate'] * 100:.1f}%)")
+                print(f"  {v:8s} {m:27s} {run_line(med[(v, m)])}  (oracle {oracles[v]['hit_rate'] * 100:.1f}%)")
         print()
         print(report)
         print(f"written to {out} and {png}")
@@ -746,17 +916,44 @@ def render(a, kv, base, workloads, heads, oracles, med, runs, modes, variants, r
     cell = [r["cell_secs"] for rs in runs.values() for r in rs]
     args = " ".join(sys.argv[1:])
     w(f"- command: `python3 bench/routing/run.py{' ' + args if args else ''}` (parameters: `--seed {a.seed} "
-      f"--sessions {a.sessions} --turns {a.turns} --concurrency {a.concurrency} --time-scale {a.time_scale:g} "
-      f"--queue-depth {a.queue_depth} --small-queue-depth {a.small_queue_depth} --reps {a.reps} --variants "
+      f"--sessions {a.sessions} --turns {a.turns} --concurrency {a.concurrency} "
+      f"{f'--pressure-concurrency {a.pressure_concurrency} ' if a.pressure_concurrency else ''}"
+      f"--time-scale {a.time_scale:g} "
+      f"--prefill-us {a.prefill_us} --queue-depth {a.queue_depth} --small-queue-depth {a.small_queue_depth} --reps {a.reps} --variants "
       f"{','.join(variants)} --modes {','.join(modes)}`); total run time {elapsed / 60:.1f} min, {len(cell)} runs, "
       f"median {C.median(cell):.1f} s per run (start sims and gateway, workload, stop)")
     w("")
     w("## Set-up")
     w("")
-    w(f"- `vllm-sim --max-num-seqs 4 --kv-cache-tokens {kv} --time-scale {a.time_scale:g}` × 4 (× 3 in `few`) "
-      "(default costs: prefill 20 µs per uncached token, decode 2 ms per token + 0.2 ms per running sequence, "
-      f"all × time-scale), restarted before every run (cold caches). {kv:,} tokens per sim = a quarter of the "
-      f"uniform workload's {base['distinct_block_tokens']:,} distinct prompt tokens, in every variant.")
+    ctx = 1500 + 3500  # a session's system message: shared prompt + a mean memory context, in tokens
+    miss_ms = ctx * a.prefill_us * a.time_scale / 1000
+    step_ms = (2000 + 4 * 200) * a.time_scale / 1000
+    w(f"- `vllm-sim --max-num-seqs 4 --kv-cache-tokens {kv} --time-scale {a.time_scale:g} --prefill-us-per-token "
+      f"{a.prefill_us}` × 4 (× 3 in `few`) (costs: prefill {a.prefill_us} µs per uncached token"
+      f"{' (the sim default)' if a.prefill_us == 20 else ' (`--prefill-us`; the sim default is 20)'}, decode 2 ms "
+      f"per token + 0.2 ms per running sequence (the defaults), all × time-scale), restarted before every run (cold "
+      f"caches). {kv:,} tokens per sim = a quarter of the uniform workload's {base['distinct_block_tokens']:,} "
+      f"distinct prompt tokens, in every variant. At these costs a cold session context (~{ctx:,} tokens) takes "
+      f"{miss_ms:.0f} ms of prefill, against {step_ms:.1f} ms for one decode step of a full batch (4 running) and "
+      f"{step_ms * a.answer_tokens:.0f} ms for a whole {a.answer_tokens}-token answer of a full batch (the sim "
+      "prefills each request in its own slot: a miss delays that request, not the others in the batch).")
+    peers = [m for m in modes if m in PEERS]
+    if peers:
+        venv = C.bench_venv()
+        w("- peers (" + ", ".join(f"`{m}`" for m in peers) + "): an LLM router in the gateway's place, in front of "
+          "the same sims, restarted before every run, as a new user would start it: `"
+          + "`; `".join(peer_command(m) for m in peers)
+          + f"` with `RUST_LOG=warn NO_COLOR=1 TOKIO_WORKER_THREADS={a.router_threads}`, everything else at its "
+          "defaults (cache_aware: cache threshold 0.3, balance thresholds 64 abs / 1.5 rel; retries, circuit "
+          "breaker, health checks). Versions: "
+          + ", ".join(f"{r} {C.router_version(venv, r)}" for r in sorted({PEERS[m]['router'] for m in peers}))
+          + ". Keyed peers get the session id in their own key header (vllm-router `X-Session-Id`, sglang-router "
+          "`X-SMG-Routing-Key`). **No gateway scheduler in front of the peers**: no admission, no queue depth, no "
+          "503s from the front; every request goes to a sim at once and waits in its FIFO. They send no "
+          "`X-Poimen-Backend`, so the same-backend columns are — for them, and no `X-Poimen-Route` (their turns are "
+          "listed under `(router)` below); `X-Poimen-Warmup` means nothing to them: a warmup is an ordinary "
+          "`max_tokens: 1` request. The sims' counters are read before (after one 4-token readiness probe through "
+          "the router, no full block) and after the workload, the difference reported, as for the gateway.")
     w(f"- gateway (`threads: 2`, restarted before every run): one model over the sims, `scheduler: "
       f"{{max_num_seqs: 4, max_queue_depth, queue_timeout_ms: 120000, overflow}}` and `gateway.routing` per mode "
       f"(below), `warmup.delay_ms: {a.warmup_delay_ms}`, `stream_usage: true` (default).")
@@ -783,6 +980,17 @@ def render(a, kv, base, workloads, heads, oracles, med, runs, modes, variants, r
                     f"{sum(len(b['questions']) for b in wl if b['session'] == 0)} turns in {top} branches = "
                     f"{med[(v, modes[0])]['hot_share'] * 100:.0f}% of requests",
             "few": "one branch per session (the demo's shape)",
+            "pressure": f"one branch per session, as uniform; sessions fitted so that the distinct tokens reach "
+                        f"{VARIANTS['pressure']['cache_ratio']:g} × the fleet's cache; at most "
+                        f"{concurrency(v, a)} branches in flight"
+                        f"{' (`--pressure-concurrency`)' if a.pressure_concurrency else ''}, whose contexts (about "
+                        f"{o['distinct_block_tokens'] / h['sessions']:,.0f} distinct tokens a session) are ≈ "
+                        f"{min(concurrency(v, a), h['sessions']) * o['distinct_block_tokens'] / h['sessions'] / (VARIANTS[v]['sims'] * kv):.2f} "
+                        "× the fleet's cache at once",
+            "skewed": f"as zipf (turns ∝ 1/rank^1.1, total ≥ {a.sessions * a.turns}, branches of ≤ {a.turns} turns), "
+                      f"sessions fitted so that the distinct tokens reach {VARIANTS['skewed']['cache_ratio']:g} × the "
+                      f"fleet's cache; the top session {sum(len(b['questions']) for b in wl if b['session'] == 0)} "
+                      f"turns in {top} branches = {med[(v, modes[0])]['hot_share'] * 100:.0f}% of requests",
         }[v]
         w(f"- `{v}`: {h['sessions']} sessions on {VARIANTS[v]['sims']} sims, {h['branches']} branches, "
           f"{n_requests(wl)} requests, {o['prompt_tokens']:,} prompt tokens, {o['distinct_block_tokens']:,} "
@@ -796,13 +1004,14 @@ def render(a, kv, base, workloads, heads, oracles, med, runs, modes, variants, r
       "shared by its warmup, turns and branches, like `key`.")
     w("- modes (the client sends `X-Poimen-Cache-Key: session-NNN` or nothing):")
     w("")
-    w("| mode | X-Poimen-Cache-Key | max_queue_depth | overflow | gateway.routing |")
+    w("| mode | X-Poimen-Cache-Key (peers: key header) | max_queue_depth | overflow | gateway.routing "
+      "(peers: router and policy) |")
     w("|---|---|---:|---|---|")
     for m in modes:
         w(mode_config_text(m, a))
     w("")
     if refused:
-        w("Not run (the binary refused the config): " + "; ".join(f"`{m}`: {msg}" for m, msg in refused.items()))
+        w("Not run (the binary refused the config, or the router is not installed): " + "; ".join(f"`{m}`: {msg}" for m, msg in refused.items()))
         w("")
     w("- hit rate = Σ over the sims of `vllm:prefix_cache_hits_total` / Σ `vllm:prefix_cache_queries_total` "
       "(the sims' own /metrics; warmups included). TTFT = request sent → first chunk with content, turns only. "
@@ -837,7 +1046,7 @@ def render(a, kv, base, workloads, heads, oracles, med, runs, modes, variants, r
       "`few`. 503s are 503 `queue_full` answers (counted, not retried). Routes: `hash` = a key's first "
       "rendezvous choice, `round_robin` = no key, `spill` = past a full backend (overflow: spill), `balance` = "
       "past a backend over the bounded-load limit, `prefix` = a key derived from the body, `fallback` = past an "
-      "excluded backend. TTFT and req/s count answered requests only, so a mode that refuses work (key-q2) "
+      "excluded backend; a peer sends none (—; its turns are `(router)` below). TTFT and req/s count answered requests only, so a mode that refuses work (key-q2) "
       "looks faster than one that queues it (key): read TTFT together with the 503 column.")
     w("")
     w("### Where the TTFT tail comes from")

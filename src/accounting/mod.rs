@@ -142,6 +142,8 @@ pub struct Record<'a> {
     /// The key derived from the body (`keyless: prefix`), if any.
     pub derived_key: Option<&'a str>,
     pub usage: Usage,
+    /// The prompt tokens the prefix index expected the backend to hold.
+    pub expected_cached_tokens: Option<u64>,
     /// Who it was for (the tenant's metric label).
     pub tenant: &'a str,
     pub model: &'a str,
@@ -160,6 +162,7 @@ impl Record<'_> {
             cache_key = self.cache_key,
             derived_key = self.derived_key,
             cached_tokens = self.usage.cached_tokens,
+            expected_cached_tokens = self.expected_cached_tokens,
             total_tokens = self.usage.prompt_tokens,
             hit_rate = hit_rate(self.usage),
             completion_tokens = self.usage.completion_tokens,

@@ -151,7 +151,12 @@ fn validate_model(
     let limits = configured.shared_by(replicas);
     let mut policy = routing.clone();
     if let Some(f) = m.balance_factor {
-        policy.balance_factor = Some(BALANCE_FACTOR.check(&format!("{path}.balance_factor"), f)?);
+        let at = format!("{path}.balance_factor");
+        if policy.prefix_index.is_some() {
+            let why = "bounded load and routing.prefix_index's cost rule are alternatives";
+            return Err(crate::field::invalid(at, f, why));
+        }
+        policy.balance_factor = Some(BALANCE_FACTOR.check(&at, f)?);
     }
     Ok(ModelConfig {
         name: m.name,

@@ -441,6 +441,7 @@ fn routing_defaults_overrides_and_bounds() {
         c.models[0].policy,
         Policy {
             balance_factor: None,
+            prefix_index: None,
             keyless: Keyless::RoundRobin,
             keyless_prefix_bytes: 2048,
         }

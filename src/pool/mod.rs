@@ -31,7 +31,8 @@ use crate::discovery::Discovery;
 use crate::failover::exclusion::{CurrentExclusions, Exclusions};
 use crate::failover::health::RestoreOnHealthy;
 use crate::metrics;
-use crate::routing::{Input, Owners, Plan, Router, Routing, Status, Unroutable};
+use crate::routing::chain::BLOCK_TOKENS;
+use crate::routing::{Facts, Input, Owners, Plan, Router, Routing, Unroutable};
 use crate::tls::{self, BackendTls};
 pub use refresh::Refresh;
 
@@ -81,13 +82,14 @@ impl Members {
         // on a busy backend must not take it out. Only real failures do.
         // The slot limit only matters to bounded load (and takes a lock
         // when load feedback moves it).
-        let bounded = routing.bounded();
+        let bounded = routing.weighs_slots();
         let status = |addr: &SocketAddr| {
             let admission = self.admission(addr);
-            Status {
+            Facts {
                 excluded: self.exclusions.is_excluded(addr, now),
                 load: admission.map_or(0, |a| a.load()),
                 slots: admission.filter(|_| bounded).map_or(0, |a| a.slot_limit()),
+                cached_tokens: 0,
             }
         };
         routing.route(&self.router, input, status, now)
@@ -233,6 +235,17 @@ impl ModelPool {
         Arc::new(move |now| counts(members.load().addrs(), now))
     }
 
+    /// The prompt tokens the prefix index takes each current backend to
+    /// hold (for the metric); `None` without an index.
+    pub fn prefix_index_reading(&self) -> Option<metrics::Reading> {
+        let (members, index) = (self.members.clone(), self.routing.index()?.clone());
+        Some(Arc::new(move |_| {
+            let blocks = index.blocks_of(members.load().addrs());
+            let tokens = |n: usize| (n as u64 * BLOCK_TOKENS) as i64;
+            blocks.into_iter().map(|(a, n)| (a, tokens(n))).collect()
+        }))
+    }
+
     /// Run discovery; rebuild the members if the set changed; let go of
     /// retired backends no request holds any more.
     pub async fn refresh(&self) {
@@ -270,6 +283,7 @@ impl ModelPool {
         let old = self.members.load_full();
         let change = diff(old.addrs(), &addrs);
         let mut retired = self.retired.lock().unwrap_or_else(|e| e.into_inner());
+        let indexed = self.routing.index().is_some();
         let backends = set
             .iter()
             .filter_map(|b| {
@@ -283,8 +297,9 @@ impl ModelPool {
                 let series = old.backends.get(a).map(|o| o.series.clone());
                 let member = Member {
                     admission: admission.unwrap_or_else(|| self.admission(a)),
-                    series: series
-                        .unwrap_or_else(|| Arc::new(metrics::BackendSeries::new(&self.name, a))),
+                    series: series.unwrap_or_else(|| {
+                        Arc::new(metrics::BackendSeries::new(&self.name, a, indexed))
+                    }),
                     tls: b.ext.get::<BackendTls>().cloned(),
                 };
                 Some((*a, member))
@@ -297,6 +312,9 @@ impl ModelPool {
                 .filter_map(|a| Some((*a, old.admission(a)?.clone()))),
         );
         drop(retired);
+        for addr in &change.removed {
+            self.routing.forget(addr);
+        }
         self.members.store(Arc::new(Members {
             router: Router::new(self.routing.policy(), listed),
             exclusions: Arc::new(old.exclusions.carried_to(&addrs)),

@@ -60,6 +60,7 @@ impl Gateway {
         let plan = routed.map_err(|why| unroutable(pool, &members, why))?;
         if !input.api().takes_slot() {
             let candidate = plan.candidates[0];
+            let expected_tokens = plan.expected_tokens(candidate.addr);
             plan.admitted(candidate);
             return Ok(Attempt {
                 members,
@@ -68,6 +69,7 @@ impl Gateway {
                 failed: false,
                 queued: Duration::ZERO,
                 response_started: false,
+                expected_tokens,
             });
         }
         let tries = match self.config.overflow {
@@ -82,6 +84,7 @@ impl Gateway {
             let first = plan.candidates[0].addr;
             return Err(refused(pool, &members, &first, tenant, AdmitError::QueueFull).into());
         };
+        let expected_tokens = plan.expected_tokens(candidate.addr);
         plan.admitted(candidate);
         let waited = Instant::now();
         let permit = until_client_leaves(session, ticket.wait(self.config.queue_timeout))
@@ -98,6 +101,7 @@ impl Gateway {
             failed: false,
             queued,
             response_started: false,
+            expected_tokens,
         })
     }
 }

@@ -75,6 +75,9 @@ pub(super) struct Attempt {
     /// Time in the admission queue, this attempt's and its predecessors'.
     pub(super) queued: Duration,
     pub(super) response_started: bool,
+    /// The prompt tokens the prefix index expected its backend to hold;
+    /// `None` without an index.
+    pub(super) expected_tokens: Option<u64>,
 }
 
 impl Routed {

@@ -136,6 +136,9 @@ impl Gateway {
         metrics::register_exclusions(readings(ModelPool::exclusion_reading, false));
         metrics::register_slot_limits(readings(ModelPool::slot_limit_reading, false));
         metrics::register_moves(readings(ModelPool::moved_reading, true));
+        let indexed = pools.values();
+        let indexed = indexed.filter_map(|p| Some((p.name.clone(), p.prefix_index_reading()?)));
+        metrics::register_prefix_index(indexed.collect());
         if config.api_keys.is_some() || jwt.is_some() {
             let fetched = config
                 .jwt
@@ -323,6 +326,8 @@ impl Gateway {
             Decision::ExcludeAndRetry => {
                 routed.attempt.failed = true;
                 routed.input.failed_on(addr);
+                // Restarted or not, its cache is no longer known.
+                routed.pool.routing.forget(&addr);
                 self.exclude(&routed.pool.name, &routed.attempt.members, addr, e)
             }
         };

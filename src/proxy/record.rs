@@ -6,6 +6,7 @@ use pingora::proxy::Session;
 use super::{Gateway, Phase, RequestCtx};
 use crate::accounting::Record;
 use crate::metrics;
+use crate::routing::Observed;
 
 impl Gateway {
     pub(super) fn record(&self, session: &Session, ctx: &RequestCtx) {
@@ -45,6 +46,23 @@ impl Gateway {
             return;
         };
         let usage = tracker.usage();
+        let attempt = &routed.attempt;
+        if let (Some(expected), true) = (attempt.expected_tokens, (200..300).contains(&status)) {
+            if let Some(counter) = series.and_then(|s| s.expected_tokens.as_ref()) {
+                counter.inc_by(expected);
+            }
+            if !routed.input.warmup() {
+                let seen = Observed {
+                    held: duration.saturating_sub(attempt.queued),
+                    ttft: ctx.first_byte.map(|t| t.saturating_sub(attempt.queued)),
+                    prompt_tokens: usage.prompt_tokens,
+                    cached_tokens: usage.cached_tokens,
+                    expected_tokens: expected,
+                };
+                let routing = &routed.pool.routing;
+                routing.observed(&routed.input, attempt.candidate.addr, seen);
+            }
+        }
         if let Some(series) = series {
             match usage.cached_tokens {
                 Some(cached) => series.hit_tokens.inc_by(cached),
@@ -76,6 +94,7 @@ impl Gateway {
             cache_key: cache_key.as_deref(),
             derived_key: input.derived_key().map(|k| k.as_str()),
             usage,
+            expected_cached_tokens: attempt.expected_tokens,
             tenant,
             model,
             backend,

@@ -1,6 +1,6 @@
 //! Consistent hashing with bounded loads (Mirrokni, Thorup, Zadimoghaddam),
 //! weighted: a keyed request takes the first backend in its ranking whose
-//! load is below its cap (or that has a free slot, see `routing::Status`).
+//! load is below its cap (or that has a free slot, see `routing::Facts`).
 //! While loads are even every key stays on its first choice; only a hot
 //! key's excess moves, always down the same ranking.
 

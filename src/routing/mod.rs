@@ -4,11 +4,16 @@
 //!
 //! The proxy calls one entry point (`model.rs`): it builds a request's
 //! [`Input`] once (its affinity: a cache key, a key derived from the body or
-//! none; whether it is a warmup; the stored response it continues; the
-//! backends it failed on), asks [`Routing::route`] for the candidates among
-//! the model's current members, each in its [`Status`] now (excluded after
-//! a failure, requests in flight or queued here), and reports back through
-//! the [`Plan`] which candidate admitted it. The first candidate is the
+//! none; whether it is a warmup; the stored response it continues; its
+//! prompt's chain of blocks; the backends it failed on), asks
+//! [`Routing::route`] for the candidates among the model's current members,
+//! and reports back through the [`Plan`] which candidate admitted it. Each
+//! candidate is seen through its [`Facts`] for this request: the member's
+//! state from the pool (excluded after a failure, requests in flight or
+//! queued here, its slots) and what routing knows of it for this request
+//! (the prompt tokens it holds, from the prefix index). [`Router::rank`]
+//! orders the members (rendezvous or round-robin) and its [`Choice`] picks
+//! among the usable ones by their facts alone. The first candidate is the
 //! choice; the others are where `overflow: spill` goes when the choice has
 //! neither a slot nor a queue place.
 //!
@@ -24,6 +29,10 @@
 //!   backend whose load is at its cap and that has no free slot
 //!   (`bounded.rs`), route `balance`; a conversation so moved stays where
 //!   it was moved while that backend is under its cap (`moves.rs`);
+//! - `prefix_index` set: the backend holding most of the prompt
+//!   (`index.rs`, `chain.rs`), route `cache`, unless another costs clearly
+//!   less (`cost.rs`: a cold prefill against the wait for a slot), route
+//!   `balance`;
 //! - the preferred backend excluded or already tried: the next usable one in
 //!   the same order, route `fallback`;
 //! - the later candidates: route `spill`.
@@ -36,22 +45,29 @@
 //! 2. what it reads of a request: a field of [`Input`], set in
 //!    [`Routing::input`] (or passed there by the proxy, if it comes from a
 //!    header);
-//! 3. a stateless policy: its case in [`Router::rank`] (through
-//!    [`Request`]), with its code in a file beside this one when it is more
-//!    than a few lines; a stateful one: its state in [`Routing`] (one per
-//!    model; or shared by every model, as `owners.rs`, created in
+//! 3. what it reads of a candidate for this request: a field of [`Facts`],
+//!    filled in [`Routing::route`] (as `cached_tokens` from the index) or,
+//!    for a member's own state, in `pool::Members::route`;
+//! 4. its rule: a [`Choice`] variant, made from the [`Policy`] in
+//!    [`Router::new`] and decided in `Router::choose` over the ordered
+//!    candidates' facts, with its code in a file beside this one (as
+//!    `cost.rs`); state it keeps across requests lives in [`Routing`] (one
+//!    per model; or shared by every model, as `owners.rs`, created in
 //!    `Gateway::new`), read in [`Routing::route`] and written in
 //!    [`Plan::admitted`] or in a method the proxy calls with what it saw
-//!    (as [`Routing::owner_found`]);
-//! 4. a [`Route`] variant if requests it diverts are served under a name of
+//!    (as [`Routing::owner_found`], [`Routing::observed`]);
+//! 5. a [`Route`] variant if requests it diverts are served under a name of
 //!    their own (`X-Poimen-Route`, the `route` label of the request metrics
 //!    and the log line all follow from [`Route::as_str`]); an
 //!    [`Unroutable`] variant if it can refuse, turned into the client's
 //!    error in `proxy/admit.rs`;
-//! 5. unit tests beside it, an integration test in `tests/routing.rs` (or
+//! 6. unit tests beside it, an integration test in `tests/routing.rs` (or
 //!    a file of its own), its section in `docs/routing-and-admission.md`.
 
 mod bounded;
+pub mod chain;
+pub mod cost;
+pub mod index;
 mod model;
 mod moves;
 pub mod owners;
@@ -64,7 +80,7 @@ use std::net::SocketAddr;
 use crate::api::Api;
 use round_robin::RoundRobin;
 
-pub use model::{Input, Plan, Routing, Unroutable};
+pub use model::{Input, Observed, Plan, Routing, Unroutable};
 pub use owners::{Owner, Owners};
 
 /// Why a backend was chosen: shown to clients as `X-Poimen-Route`.
@@ -85,6 +101,9 @@ pub enum Route {
     /// The backend that stored the response this request continues or
     /// names (`owners.rs`).
     Owner,
+    /// Not the order's first: the backend holding the most of its prompt
+    /// (`routing.prefix_index`).
+    Cache,
 }
 
 impl Route {
@@ -97,6 +116,7 @@ impl Route {
             Route::Balance => "balance",
             Route::Prefix => "prefix",
             Route::Owner => "owner",
+            Route::Cache => "cache",
         }
     }
 }
@@ -123,19 +143,25 @@ impl<'a> Affinity<'a> {
 }
 
 /// One ranking's input: the request's affinity, the backends it already
-/// failed on, and whether bounded load may move it.
+/// failed on, whether load may move it, and what the cost rule weighs it
+/// by.
 #[derive(Debug, Clone, Copy)]
 pub struct Request<'a> {
     pub affinity: Affinity<'a>,
     /// Backends this request already failed on.
     pub tried: &'a [SocketAddr],
     pub balance: Balance,
+    /// Its prompt's tokens, as its chain counts them (`chain.rs`).
+    pub prompt_tokens: u64,
+    /// The model's rates now (`cost.rs`).
+    pub rates: cost::Snapshot,
 }
 
-/// Whether bounded load may move a request (`balance_factor`).
+/// Whether load may move a request (`balance_factor`, or the cost rule).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Balance {
-    /// It stays on its key's first usable backend, whatever the load.
+    /// It stays on its key's first usable backend (under the cost rule:
+    /// where most of its prompt is), whatever the load.
     Fixed,
     /// It may pass over a backend at its cap; `moved_to`: where its
     /// conversation was last moved (`moves.rs`), tried first.
@@ -148,22 +174,29 @@ impl<'a> Request<'a> {
             affinity,
             tried,
             balance: Balance::Movable { moved_to: None },
+            prompt_tokens: 0,
+            rates: cost::Snapshot::default(),
         }
     }
 }
 
-/// A member's state when a request is routed.
+/// What routing knows of one member for one request: the member's state
+/// (from the pool) and what it holds of this request's prompt (from the
+/// prefix index). A policy reads a candidate through these alone.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Status {
+pub struct Facts {
     /// Left out after a failure.
     pub excluded: bool,
     /// Requests holding a slot or queued for one, at this gateway.
     pub load: usize,
-    /// The slots this gateway may use on it now. Bounded load never passes
-    /// over a backend with a free slot: the request would start at once on
-    /// the GPU that holds its prefix, and a move would only buy a cold
-    /// prefill elsewhere.
+    /// The slots this gateway may use on it now. Load never moves a request
+    /// off a backend with a free slot: it would start at once on the GPU
+    /// that holds its prefix, and a move would only buy a cold prefill
+    /// elsewhere.
     pub slots: usize,
+    /// The leading tokens of this request's prompt it is expected to hold
+    /// (`index.rs`); 0 when none, or no index is kept.
+    pub cached_tokens: u64,
 }
 
 /// One backend a request may go to, and the route it is served under there.
@@ -178,10 +211,22 @@ pub struct Candidate {
 pub struct Policy {
     /// Bounded-load rendezvous for keyed requests; `None`: pure rendezvous.
     pub balance_factor: Option<f64>,
+    /// Route by cost over a prefix index (`cost.rs`, `index.rs`); `None`:
+    /// no index. Never with `balance_factor`.
+    pub prefix_index: Option<IndexSize>,
     /// How requests without a key are routed.
     pub keyless: Keyless,
     /// How much of a completion's `prompt` a derived key covers.
     pub keyless_prefix_bytes: usize,
+}
+
+/// How much the prefix index keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IndexSize {
+    /// Blocks one backend is taken to hold at most: its KV cache.
+    pub backend_blocks: usize,
+    /// Blocks held over all the model's backends at most.
+    pub max_blocks: usize,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -213,6 +258,14 @@ impl Policy {
         }
     }
 
+    /// The chain of a request's prompt, when an index is kept.
+    pub fn chain(&self, api: Api, body: &[u8]) -> Vec<u64> {
+        match self.prefix_index {
+            Some(_) => chain::of(api, body),
+            None => Vec::new(),
+        }
+    }
+
     /// The conversation (`moves.rs`) of a request with affinity `key` and
     /// `body`, when bounded load may move it.
     pub fn conversation(&self, key: &[u8], api: Api, body: &[u8]) -> Option<u64> {
@@ -230,9 +283,20 @@ impl Policy {
     }
 }
 
+/// How a ranking's choice is made among the usable members, in order.
+#[derive(Debug, Clone, Copy)]
+pub enum Choice {
+    /// The first.
+    First,
+    /// Bounded load (`bounded.rs`): the first under its cap.
+    Bounded(f64),
+    /// The cost rule (`cost.rs`).
+    Cost,
+}
+
 /// One model's routing table, built once per backend set.
 pub struct Router {
-    balance_factor: Option<f64>,
+    choice: Choice,
     addrs: Vec<SocketAddr>,
     /// (address as hashed, weight), in `addrs` order.
     keyed: Vec<(String, u32)>,
@@ -245,17 +309,17 @@ impl Router {
     pub fn new(policy: &Policy, members: impl IntoIterator<Item = (SocketAddr, u32)>) -> Self {
         let mut members: Vec<(SocketAddr, u32)> = members.into_iter().collect();
         members.sort();
+        let choice = match (policy.prefix_index, policy.balance_factor) {
+            (Some(_), _) => Choice::Cost,
+            (None, Some(f)) => Choice::Bounded(f),
+            (None, None) => Choice::First,
+        };
         Router {
-            balance_factor: policy.balance_factor,
+            choice,
             addrs: members.iter().map(|(a, _)| *a).collect(),
             keyed: members.iter().map(|(a, w)| (a.to_string(), *w)).collect(),
             round_robin: RoundRobin::new(members.iter().map(|(_, w)| *w)),
         }
-    }
-
-    /// Whether keyed requests are bounded by load (`balance_factor`).
-    pub fn bounded(&self) -> bool {
-        self.balance_factor.is_some()
     }
 
     /// The members, in address order.
@@ -263,17 +327,16 @@ impl Router {
         &self.addrs
     }
 
-    /// The candidates for a request, best first; `None` when no member is
-    /// usable (all excluded or tried).
+    /// The candidates for a request, best first, each member in the `facts`
+    /// it has for this request; `None` when no member is usable (all
+    /// excluded or tried).
     pub fn rank(
         &self,
         req: Request,
-        status: impl Fn(&SocketAddr) -> Status,
+        facts: impl Fn(&SocketAddr) -> Facts,
     ) -> Option<Vec<Candidate>> {
         let Request {
-            affinity,
-            tried,
-            balance,
+            affinity, tried, ..
         } = req;
         let (order, preferred): (Vec<usize>, Route) = match affinity {
             Affinity::Key(key) => (rendezvous::rank(key, &self.keyed), Route::Hash),
@@ -283,22 +346,16 @@ impl Router {
                 Route::RoundRobin,
             ),
         };
-        let states: Vec<Status> = order.iter().map(|i| status(&self.addrs[*i])).collect();
-        let usable = |pos: usize| !states[pos].excluded && !tried.contains(&self.addrs[order[pos]]);
+        let facts: Vec<Facts> = order.iter().map(|i| facts(&self.addrs[*i])).collect();
+        let usable = |pos: usize| !facts[pos].excluded && !tried.contains(&self.addrs[order[pos]]);
         let first_usable = (0..order.len()).find(|p| usable(*p))?;
-        let bounded = match (affinity, self.balance_factor, balance) {
-            (Affinity::None, _, _) | (_, None, _) | (_, _, Balance::Fixed) => None,
-            (_, Some(factor), Balance::Movable { moved_to }) => {
-                let moved_to =
-                    moved_to.and_then(|a| order.iter().position(|i| self.addrs[*i] == a));
-                self.first_under_cap(factor, &order, &states, usable, moved_to)
-            }
+        let first = match first_usable == 0 && tried.is_empty() {
+            true => preferred,
+            false => Route::Fallback,
         };
-        let (chosen, route) = match bounded {
-            Some(p) if p != first_usable => (p, Route::Balance),
-            _ if first_usable == 0 && tried.is_empty() => (first_usable, preferred),
-            _ => (first_usable, Route::Fallback),
-        };
+        let (chosen, route) = self
+            .choose(&req, &order, &facts, usable, first_usable)
+            .unwrap_or((first_usable, first));
         let mut out = Vec::with_capacity(order.len());
         out.push(Candidate {
             addr: self.addrs[order[chosen]],
@@ -315,6 +372,37 @@ impl Router {
         Some(out)
     }
 
+    /// The position in `order` the policy chooses instead of the first
+    /// usable one, and the route it is served under; `None`: the first.
+    fn choose(
+        &self,
+        req: &Request,
+        order: &[usize],
+        facts: &[Facts],
+        usable: impl Fn(usize) -> bool,
+        first_usable: usize,
+    ) -> Option<(usize, Route)> {
+        match (self.choice, req.balance) {
+            (Choice::First, _) => None,
+            (Choice::Cost, balance) => {
+                let movable = balance != Balance::Fixed;
+                match cost::choose(req.rates, req.prompt_tokens, facts, usable, movable)? {
+                    cost::Pick::Home(p) if p == first_usable => None,
+                    cost::Pick::Home(p) => Some((p, Route::Cache)),
+                    cost::Pick::Moved { to, .. } => Some((to, Route::Balance)),
+                }
+            }
+            (Choice::Bounded(_), _) if matches!(req.affinity, Affinity::None) => None,
+            (Choice::Bounded(_), Balance::Fixed) => None,
+            (Choice::Bounded(factor), Balance::Movable { moved_to }) => {
+                let moved_to =
+                    moved_to.and_then(|a| order.iter().position(|i| self.addrs[*i] == a));
+                let p = self.first_under_cap(factor, order, facts, usable, moved_to)?;
+                (p != first_usable).then_some((p, Route::Balance))
+            }
+        }
+    }
+
     /// The position in `order` of the first usable member below its load
     /// cap (see `bounded.rs`) or with a free slot; `moved_to` first, if it
     /// is one.
@@ -322,7 +410,7 @@ impl Router {
         &self,
         factor: f64,
         order: &[usize],
-        states: &[Status],
+        states: &[Facts],
         usable: impl Fn(usize) -> bool,
         moved_to: Option<usize>,
     ) -> Option<usize> {

@@ -15,10 +15,13 @@ use std::time::Instant;
 use bytes::Bytes;
 use http::HeaderValue;
 
+use super::chain::BLOCK_TOKENS;
+use super::cost::Rates;
+use super::index::{Held, PrefixIndex};
 use super::moves::Moves;
 use super::owners::{Owner, Owners};
 use super::prefix::DerivedKey;
-use super::{Affinity, Balance, Candidate, Policy, Request, Route, Router, Status};
+use super::{Affinity, Balance, Candidate, Facts, Policy, Request, Route, Router};
 use crate::api::Api;
 
 /// One model's routing policy and the state it keeps across requests and
@@ -28,6 +31,10 @@ pub struct Routing {
     policy: Policy,
     /// Where bounded load moved conversations.
     moves: Arc<Moves>,
+    /// What each backend is expected to hold (`routing.prefix_index`).
+    index: Option<Arc<PrefixIndex>>,
+    /// The rates the cost rule weighs by, learnt from responses.
+    rates: Rates,
     owners: Arc<Owners>,
 }
 
@@ -63,6 +70,8 @@ pub struct Input {
     /// the body, so only once some conversation has moved or this one
     /// moves). Set once, from a shared borrow: a retry routes again.
     conversation: OnceLock<Option<u64>>,
+    /// Its prompt's chain (`chain.rs`), when an index is kept.
+    chain: Vec<u64>,
 }
 
 impl Input {
@@ -85,6 +94,11 @@ impl Input {
 
     pub fn warmup(&self) -> bool {
         self.warmup
+    }
+
+    /// Its prompt's chain of blocks; empty without an index.
+    pub fn chain(&self) -> &[u64] {
+        &self.chain
     }
 
     /// It continues or names stored response `id`.
@@ -126,6 +140,9 @@ impl Input {
 /// records which one admitted the request.
 pub struct Plan<'a> {
     pub candidates: Vec<Candidate>,
+    /// What the index expects each backend to hold of the prompt.
+    held: Vec<Held>,
+    index: Option<&'a PrefixIndex>,
     moves: &'a Moves,
     policy: &'a Policy,
     input: &'a Input,
@@ -133,10 +150,20 @@ pub struct Plan<'a> {
 }
 
 impl Plan<'_> {
-    /// `candidate` gave the request a slot or a queue place: a move for
-    /// balance is remembered, a conversation back on its first choice
-    /// forgets its move.
+    /// The prompt tokens `addr` is expected to hold; `None` without an
+    /// index.
+    pub fn expected_tokens(&self, addr: SocketAddr) -> Option<u64> {
+        self.index?;
+        Some(cached_tokens(&self.held, addr))
+    }
+
+    /// `candidate` gave the request a slot or a queue place: it will
+    /// prefill the prompt (the index), a move for balance is remembered, a
+    /// conversation back on its first choice forgets its move.
     pub fn admitted(self, candidate: Candidate) {
+        if let Some(index) = self.index {
+            index.insert(candidate.addr, &self.input.chain);
+        }
         if candidate.route != Route::Balance && self.moves.is_empty() {
             return;
         }
@@ -153,9 +180,13 @@ impl Routing {
     pub fn new(model: Arc<str>, policy: Policy, owners: Arc<Owners>) -> Self {
         Routing {
             model,
-            policy,
             moves: Arc::default(),
+            index: policy
+                .prefix_index
+                .map(|size| Arc::new(PrefixIndex::new(size.backend_blocks, size.max_blocks))),
+            rates: Rates::default(),
             owners,
+            policy,
         }
     }
 
@@ -166,6 +197,45 @@ impl Routing {
     /// Whether keyed requests are bounded by load (`balance_factor`).
     pub fn bounded(&self) -> bool {
         self.policy.balance_factor.is_some()
+    }
+
+    /// Whether routing weighs load against slots (bounded load, the cost
+    /// rule): then it needs each backend's slot limit.
+    pub fn weighs_slots(&self) -> bool {
+        self.bounded() || self.index.is_some()
+    }
+
+    /// The prefix index, when kept (for the metric).
+    pub fn index(&self) -> Option<&Arc<PrefixIndex>> {
+        self.index.as_ref()
+    }
+
+    /// A response of a request of `input` came from `addr`: it held its
+    /// slot for `held`, its first token came `ttft` after, and vLLM reports
+    /// `cached` of its `prompt` tokens cached where the index expected
+    /// `expected`. Teaches the cost rule its rates, and the index where it
+    /// was wrong: a backend that held well under half of what was expected
+    /// no longer holds the rest.
+    pub fn observed(&self, input: &Input, addr: SocketAddr, seen: Observed) {
+        let Some(index) = &self.index else {
+            return;
+        };
+        let (Some(prompt), Some(cached)) = (seen.prompt_tokens, seen.cached_tokens) else {
+            return;
+        };
+        self.rates
+            .observe(seen.held, seen.ttft, prompt.saturating_sub(cached));
+        if cached * 2 < seen.expected_tokens {
+            let keep = (cached / BLOCK_TOKENS) as usize;
+            index.trim(addr, &input.chain, keep);
+        }
+    }
+
+    /// `addr` failed or left: whatever it held is unknown from now on.
+    pub fn forget(&self, addr: &SocketAddr) {
+        if let Some(index) = &self.index {
+            index.forget(addr);
+        }
     }
 
     /// What routing reads of a request of `api` with this `body`: the
@@ -181,6 +251,7 @@ impl Routing {
             Some(_) => None,
             None => self.policy.derived_key(api, &body),
         };
+        let chain = self.policy.chain(api, &body);
         Input {
             cache_key,
             derived_key,
@@ -190,6 +261,7 @@ impl Routing {
             tried: Vec::new(),
             stored: None,
             conversation: OnceLock::new(),
+            chain,
         }
     }
 
@@ -199,7 +271,7 @@ impl Routing {
         &'a self,
         router: &Router,
         input: &'a Input,
-        status: impl Fn(&SocketAddr) -> Status,
+        status: impl Fn(&SocketAddr) -> Facts,
         now: Instant,
     ) -> Result<Plan<'a>, Unroutable> {
         if let Some(id) = &input.stored {
@@ -212,7 +284,7 @@ impl Routing {
                 addr: owner,
                 route: Route::Owner,
             }];
-            return Ok(self.plan(candidates, input, now));
+            return Ok(self.plan(candidates, Vec::new(), input, now));
         }
         let balance = if !input.movable() {
             Balance::Fixed
@@ -224,18 +296,36 @@ impl Routing {
                 .and_then(|c| self.moves.get(c, now));
             Balance::Movable { moved_to }
         };
+        let held = match &self.index {
+            Some(index) if !input.chain.is_empty() => index.lookup(&input.chain),
+            _ => Vec::new(),
+        };
         let request = Request {
             affinity: input.affinity(),
             tried: &input.tried,
             balance,
+            prompt_tokens: input.chain.len() as u64 * BLOCK_TOKENS,
+            rates: self.rates.snapshot(),
         };
-        let candidates = router.rank(request, status).ok_or(Unroutable::NoBackend)?;
-        Ok(self.plan(candidates, input, now))
+        let facts = |addr: &SocketAddr| Facts {
+            cached_tokens: cached_tokens(&held, *addr),
+            ..status(addr)
+        };
+        let candidates = router.rank(request, facts).ok_or(Unroutable::NoBackend)?;
+        Ok(self.plan(candidates, held, input, now))
     }
 
-    fn plan<'a>(&'a self, candidates: Vec<Candidate>, input: &'a Input, now: Instant) -> Plan<'a> {
+    fn plan<'a>(
+        &'a self,
+        candidates: Vec<Candidate>,
+        held: Vec<Held>,
+        input: &'a Input,
+        now: Instant,
+    ) -> Plan<'a> {
         Plan {
             candidates,
+            held,
+            index: self.index.as_deref(),
             moves: &self.moves,
             policy: &self.policy,
             input,
@@ -274,6 +364,26 @@ impl Routing {
         let moves = self.moves.clone();
         move |addrs, now| moves.counts(addrs, now)
     }
+}
+
+/// What a response showed of its request (`Routing::observed`).
+#[derive(Debug, Clone, Copy)]
+pub struct Observed {
+    /// Time it held its slot.
+    pub held: std::time::Duration,
+    /// Time from its slot to its first token.
+    pub ttft: Option<std::time::Duration>,
+    pub prompt_tokens: Option<u64>,
+    pub cached_tokens: Option<u64>,
+    /// What the index expected its backend to hold.
+    pub expected_tokens: u64,
+}
+
+/// The tokens `addr` holds by `held`.
+fn cached_tokens(held: &[Held], addr: SocketAddr) -> u64 {
+    held.iter()
+        .find(|h| h.addr == addr)
+        .map_or(0, |h| h.blocks as u64 * BLOCK_TOKENS)
 }
 
 #[cfg(test)]
@@ -316,9 +426,9 @@ mod tests {
         input: &Input,
         busy: Option<SocketAddr>,
     ) -> Candidate {
-        let status = |a: &SocketAddr| Status {
+        let status = |a: &SocketAddr| Facts {
             load: if Some(*a) == busy { 5 } else { 0 },
-            ..Status::default()
+            ..Facts::default()
         };
         let plan = routing
             .route(router, input, status, Instant::now())
@@ -374,6 +484,142 @@ mod tests {
         assert_eq!((next.addr, next.route), (moved.addr, Route::Balance));
     }
 
+    fn indexed() -> (Routing, Router) {
+        let policy = Policy {
+            prefix_index: Some(super::super::IndexSize {
+                backend_blocks: 1000,
+                max_blocks: 10_000,
+            }),
+            ..Policy::default()
+        };
+        let router = Router::new(&policy, addrs().into_iter().map(|a| (a, 1)));
+        let owners = Arc::new(Owners::new(16, std::time::Duration::from_secs(60)));
+        (Routing::new("m".into(), policy, owners), router)
+    }
+
+    /// A turn of a long conversation (about 160 blocks, 10,000 tokens: a
+    /// second of cold prefill at the default rate).
+    fn long_turn(routing: &Routing, first: &str, turns: usize, key: &'static str) -> Input {
+        let mut messages =
+            vec![serde_json::json!({"role": "user", "content": first.repeat(40_000)})];
+        for i in 1..turns {
+            messages.push(serde_json::json!({"role": "assistant", "content": i.to_string()}));
+            messages.push(serde_json::json!({"role": "user", "content": "more"}));
+        }
+        let body = serde_json::json!({"model": "m", "messages": messages}).to_string();
+        let key = (!key.is_empty()).then(|| HeaderValue::from_static(key));
+        routing.input(key, false, Api::ChatCompletions, body.into())
+    }
+
+    /// Route `input` with backend `busy` holding `load` (4 slots each);
+    /// admitted at its first candidate, which is returned.
+    fn admit_loaded(
+        routing: &Routing,
+        router: &Router,
+        input: &Input,
+        busy: Option<(SocketAddr, usize)>,
+    ) -> (Candidate, Option<u64>) {
+        let status = |a: &SocketAddr| Facts {
+            load: busy.filter(|(b, _)| b == a).map_or(0, |(_, l)| l),
+            slots: 4,
+            ..Facts::default()
+        };
+        let plan = routing
+            .route(router, input, status, Instant::now())
+            .unwrap();
+        let chosen = plan.candidates[0];
+        let expected = plan.expected_tokens(chosen.addr);
+        plan.admitted(chosen);
+        (chosen, expected)
+    }
+
+    #[test]
+    fn with_an_index_a_conversation_stays_where_its_prompt_is() {
+        let (routing, router) = indexed();
+        // Keyless, round-robin: the first turn takes the turn.
+        let (first, expected) =
+            admit_loaded(&routing, &router, &long_turn(&routing, "a", 1, ""), None);
+        assert_eq!((first.route, expected), (Route::RoundRobin, Some(0)));
+        // Its next turns find it, however the turns go on.
+        for turns in 2..5 {
+            let (next, expected) = admit_loaded(
+                &routing,
+                &router,
+                &long_turn(&routing, "a", turns, ""),
+                None,
+            );
+            assert_eq!(next.addr, first.addr, "turn {turns}");
+            assert!(expected.unwrap() >= 2000, "{expected:?}");
+        }
+        // Full, one ahead (half a second), it still waits there.
+        let input = long_turn(&routing, "a", 5, "");
+        let (next, _) = admit_loaded(&routing, &router, &input, Some((first.addr, 4)));
+        assert_eq!(next.addr, first.addr);
+        // A long queue costs more than a cold prefill: it moves, and the
+        // next turn has two homes, the idle one chosen.
+        let (moved, expected) = admit_loaded(&routing, &router, &input, Some((first.addr, 400)));
+        assert_eq!((moved.route, expected), (Route::Balance, Some(0)));
+        let (next, _) = admit_loaded(
+            &routing,
+            &router,
+            &long_turn(&routing, "a", 5, ""),
+            Some((first.addr, 4)),
+        );
+        assert_eq!(next.addr, moved.addr);
+        // A backend that failed is forgotten.
+        routing.forget(&moved.addr);
+        routing.forget(&first.addr);
+        let (_, expected) = admit_loaded(&routing, &router, &long_turn(&routing, "a", 5, ""), None);
+        assert_eq!(expected, Some(0));
+    }
+
+    #[test]
+    fn with_an_index_a_key_still_picks_a_new_conversations_backend() {
+        let (routing, router) = indexed();
+        let (keyed, _) = admit_loaded(&routing, &router, &long_turn(&routing, "b", 1, "k"), None);
+        assert_eq!(keyed.route, Route::Hash);
+        // Another conversation of the key: its first choice too, and a
+        // conversation moved off it stays where it went ("cache").
+        let (other, _) = admit_loaded(
+            &routing,
+            &router,
+            &long_turn(&routing, "c", 1, "k"),
+            Some((keyed.addr, 400)),
+        );
+        assert_eq!(other.route, Route::Balance);
+        let (back, _) = admit_loaded(&routing, &router, &long_turn(&routing, "c", 2, "k"), None);
+        assert_eq!((back.addr, back.route), (other.addr, Route::Cache));
+    }
+
+    #[test]
+    fn a_response_that_held_far_less_than_expected_corrects_the_index() {
+        let (routing, router) = indexed();
+        let input = long_turn(&routing, "d", 1, "");
+        let (first, _) = admit_loaded(&routing, &router, &input, None);
+        let (_, expected) = admit_loaded(&routing, &router, &input, None);
+        let expected = expected.unwrap();
+        assert!(expected > 1000);
+        let seen = |cached| Observed {
+            held: std::time::Duration::from_millis(100),
+            ttft: None,
+            prompt_tokens: Some(expected + 10),
+            cached_tokens: Some(cached),
+            expected_tokens: expected,
+        };
+        // Close enough: kept.
+        routing.observed(&input, first.addr, seen(expected * 3 / 4));
+        assert_eq!(
+            admit_loaded(&routing, &router, &input, None).1,
+            Some(expected)
+        );
+        // Far short (a restart nothing failed): only what it reported.
+        routing.observed(&input, first.addr, seen(128));
+        let plan = routing
+            .route(&router, &input, |_| Facts::default(), Instant::now())
+            .unwrap();
+        assert_eq!(plan.expected_tokens(first.addr), Some(128));
+    }
+
     #[test]
     fn a_stored_response_is_served_by_its_owner_alone() {
         let (routing, router) = bounded();
@@ -383,7 +629,7 @@ mod tests {
                 .input(None, false, Api::Responses, "{}".into())
                 .with_stored(Some(id.into()))
         };
-        let idle = |_: &SocketAddr| Status::default();
+        let idle = |_: &SocketAddr| Facts::default();
         let input = stored("resp_1");
         let unknown = routing.route(&router, &input, idle, t).err();
         assert_eq!(unknown, Some(Unroutable::OwnerUnknown("resp_1".into())));
@@ -396,9 +642,9 @@ mod tests {
         }];
         assert_eq!(plan.candidates, only);
         // Excluded, or failed this request: never another backend.
-        let excluded = |a: &SocketAddr| Status {
+        let excluded = |a: &SocketAddr| Facts {
             excluded: *a == owner,
-            ..Status::default()
+            ..Facts::default()
         };
         let unavailable = Some(Unroutable::OwnerUnavailable {
             id: "resp_1".into(),

@@ -89,7 +89,7 @@ impl Moves {
             Route::Hash | Route::Prefix => {
                 moved.remove(&conversation);
             }
-            Route::RoundRobin | Route::Fallback | Route::Spill | Route::Owner => {}
+            Route::RoundRobin | Route::Fallback | Route::Spill | Route::Owner | Route::Cache => {}
         }
         self.any.store(!moved.is_empty(), Ordering::Relaxed);
     }

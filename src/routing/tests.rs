@@ -7,8 +7,8 @@ fn router(n: u16) -> Router {
     Router::new(&Policy::default(), members)
 }
 
-fn idle(_: &SocketAddr) -> Status {
-    Status::default()
+fn idle(_: &SocketAddr) -> Facts {
+    Facts::default()
 }
 
 fn routes(c: &[Candidate]) -> Vec<Route> {
@@ -65,10 +65,10 @@ fn an_excluded_or_tried_backend_is_passed_over_as_fallback() {
         .rank(Request::new(Affinity::Key(b"k"), &[]), idle)
         .unwrap();
     let (first, second, third) = (order[0].addr, order[1].addr, order[2].addr);
-    let excluded = |a: &SocketAddr| Status {
+    let excluded = |a: &SocketAddr| Facts {
         excluded: *a == first,
         load: 0,
-        ..Status::default()
+        ..Facts::default()
     };
     let fb = r
         .rank(Request::new(Affinity::Key(b"k"), &[]), excluded)
@@ -110,9 +110,9 @@ fn an_excluded_or_tried_backend_is_passed_over_as_fallback() {
         None
     );
     assert_eq!(
-        r.rank(Request::new(Affinity::Key(b"k"), &[]), |_| Status {
+        r.rank(Request::new(Affinity::Key(b"k"), &[]), |_| Facts {
             excluded: true,
-            ..Status::default()
+            ..Facts::default()
         }),
         None
     );
@@ -131,10 +131,10 @@ fn round_robin_spreads_evenly_and_falls_back_in_turn() {
     // Its turn's backend excluded: the next one, as a fallback.
     let turn = r.addrs()[0];
     let c = r
-        .rank(Request::new(Affinity::None, &[]), |a| Status {
+        .rank(Request::new(Affinity::None, &[]), |a| Facts {
             excluded: *a == turn,
             load: 0,
-            ..Status::default()
+            ..Facts::default()
         })
         .unwrap();
     assert_eq!(c[0].route, Route::Fallback);
@@ -180,10 +180,11 @@ fn pile(r: &Router, key: &[u8], n: usize, slots: usize) -> Vec<(usize, Route)> {
     (0..n)
         .map(|_| {
             let c = r
-                .rank(Request::new(Affinity::Key(key), &[]), |a| Status {
+                .rank(Request::new(Affinity::Key(key), &[]), |a| Facts {
                     excluded: false,
                     load: load.get(a).copied().unwrap_or(0),
                     slots,
+                    cached_tokens: 0,
                 })
                 .unwrap()[0];
             *load.entry(c.addr).or_default() += 1;
@@ -256,10 +257,10 @@ fn other_keys_stay_put_while_a_hot_key_spreads() {
         .rank(Request::new(Affinity::Key(b"hot"), &[]), idle)
         .unwrap()[1]
         .addr;
-    let loaded = |a: &SocketAddr| Status {
+    let loaded = |a: &SocketAddr| Facts {
         excluded: false,
         load: if *a == hot || *a == runner_up { 2 } else { 0 },
-        ..Status::default()
+        ..Facts::default()
     };
     for k in 0..200 {
         let key = format!("cold-{k}");
@@ -276,20 +277,20 @@ fn an_excluded_backend_leaves_the_weight_sum_and_counts_as_fallback() {
     let order = ranking(&r, b"k");
     // The owner excluded, two requests on the runner-up: L = 2, W = 2, the
     // runner-up's cap is ceil(1.25 * 3 / 2) = 2: full, so the third.
-    let status = |a: &SocketAddr| Status {
+    let status = |a: &SocketAddr| Facts {
         excluded: *a == order[0],
         load: if *a == order[1] { 2 } else { 0 },
-        ..Status::default()
+        ..Facts::default()
     };
     let c = r
         .rank(Request::new(Affinity::Key(b"k"), &[]), status)
         .unwrap();
     assert_eq!((c[0].addr, c[0].route), (order[2], Route::Balance));
     // One request there: under its cap of 2, a plain fallback.
-    let status = |a: &SocketAddr| Status {
+    let status = |a: &SocketAddr| Facts {
         excluded: *a == order[0],
         load: usize::from(*a == order[1]),
-        ..Status::default()
+        ..Facts::default()
     };
     let c = r
         .rank(Request::new(Affinity::Key(b"k"), &[]), status)
@@ -300,10 +301,10 @@ fn an_excluded_backend_leaves_the_weight_sum_and_counts_as_fallback() {
 #[test]
 fn keyless_requests_are_not_bounded_and_derived_keys_route_as_prefix() {
     let r = bounded(3, 1.25);
-    let busy = |_: &SocketAddr| Status {
+    let busy = |_: &SocketAddr| Facts {
         excluded: false,
         load: 100,
-        ..Status::default()
+        ..Facts::default()
     };
     assert_eq!(
         r.rank(Request::new(Affinity::None, &[]), busy).unwrap()[0].route,
@@ -329,10 +330,10 @@ fn a_fixed_request_is_never_diverted_for_balance() {
         .rank(Request::new(Affinity::Key(b"k"), &[]), idle)
         .unwrap()[0]
         .addr;
-    let busy = |a: &SocketAddr| Status {
+    let busy = |a: &SocketAddr| Facts {
         excluded: false,
         load: if *a == owner { 5 } else { 0 },
-        ..Status::default()
+        ..Facts::default()
     };
     let agent = r
         .rank(Request::new(Affinity::Key(b"k"), &[]), busy)
@@ -354,7 +355,7 @@ fn a_moved_conversation_stays_while_its_new_backend_is_under_its_cap() {
         balance: Balance::Movable { moved_to: Some(to) },
         ..Request::new(Affinity::Key(b"k"), &[])
     };
-    let first = |req: Request, status: &dyn Fn(&SocketAddr) -> Status| {
+    let first = |req: Request, status: &dyn Fn(&SocketAddr) -> Facts| {
         let c = r.rank(req, status).unwrap()[0];
         (c.addr, c.route)
     };
@@ -363,9 +364,9 @@ fn a_moved_conversation_stays_while_its_new_backend_is_under_its_cap() {
     // Loads 1, 1, 2 (L = 4, caps 3): still under its cap.
     let order = &order;
     let loads = |l: [usize; 3]| {
-        move |a: &SocketAddr| Status {
+        move |a: &SocketAddr| Facts {
             load: l[order.iter().position(|o| o == a).unwrap()],
-            ..Status::default()
+            ..Facts::default()
         }
     };
     assert_eq!(
@@ -380,9 +381,9 @@ fn a_moved_conversation_stays_while_its_new_backend_is_under_its_cap() {
     // Moved to its first choice: just the first choice.
     assert_eq!(first(moved(order[0]), &idle), (order[0], Route::Hash));
     // Excluded or tried: passed over as any other.
-    let excluded = |a: &SocketAddr| Status {
+    let excluded = |a: &SocketAddr| Facts {
         excluded: *a == order[2],
-        ..Status::default()
+        ..Facts::default()
     };
     assert_eq!(first(moved(order[2]), &excluded), (order[0], Route::Hash));
     let tried = [order[2]];

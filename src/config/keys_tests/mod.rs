@@ -112,6 +112,8 @@ fn ranges() -> BTreeMap<&'static str, String> {
         health_check::TIMEOUT_MS,
         health_check::CONSECUTIVE_OK,
         routing::KEYLESS_PREFIX_BYTES,
+        routing::CACHE_TOKENS,
+        routing::MAX_TOKENS,
         stored_responses::MAX_OWNERS,
         stored_responses::MAX_AGE_SECS,
         stored_responses::LOOKUP_TIMEOUT_MS,
@@ -164,6 +166,7 @@ fn walk(root: &Json, schema: &Json, path: &str, keys: &mut BTreeMap<String, Key>
             let types = types(root, sub);
             let filler = match types.first().map(String::as_str) {
                 Some("array") => Value::Sequence(vec![]),
+                Some("integer" | "number") => Value::from(1),
                 _ => Value::from("x"),
             };
             let info = Key {

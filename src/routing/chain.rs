@@ -1,0 +1,212 @@
+//! A request's prompt as a chain of blocks, the unit of the prefix index
+//! (`index.rs`): the gateway's own stand-in for vLLM's chained KV blocks,
+//! read off the body without rendering it.
+//!
+//! ```text
+//! the stream: the raw JSON text, as sent, of
+//!   chat (/v1/chat/completions):  tools ‖ 0x1E ‖ messages
+//!   Messages (/v1/messages):      tools ‖ 0x1E ‖ system ‖ 0x1E ‖ messages
+//!   Responses (/v1/responses):    tools ‖ 0x1E ‖ instructions ‖ 0x1E ‖ input
+//!   completions (/v1/completions): prompt
+//!   (a field absent: empty)
+//! block i = bytes [i*256, (i+1)*256) of the stream; a last partial block is not one
+//! h_0 = xxh3_64_with_seed(block 0, 0), h_i = xxh3_64_with_seed(block i, h_(i-1))
+//! ```
+//!
+//! A later turn of a conversation resends the earlier messages byte for
+//! byte (clients serialise the history they keep the same way every time),
+//! so its chain starts with the earlier turn's: the blocks it shares with a
+//! backend's are the prompt that backend should still hold. The chain of
+//! two bodies that differ in form (whitespace, key order, another API)
+//! differs from the first difference on: the index then under-counts, never
+//! over-counts. A block stands for [`BLOCK_TOKENS`] tokens, English text's
+//! usual four bytes a token.
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+use crate::api::Api;
+
+/// Bytes of the stream per block.
+pub const BLOCK_BYTES: usize = 256;
+
+/// The prompt tokens a block stands for (four bytes a token).
+pub const BLOCK_TOKENS: u64 = (BLOCK_BYTES / 4) as u64;
+
+/// The chained hashes of a body's full blocks; empty for a body without a
+/// prompt (another API, no messages, not JSON).
+pub fn of(api: Api, body: &[u8]) -> Vec<u64> {
+    let chain = match api {
+        Api::ChatCompletions => parse::<Chat>(body).map(|b| stream(&[b.tools, b.messages])),
+        Api::Messages => parse::<Messages>(body).map(|b| stream(&[b.tools, b.system, b.messages])),
+        Api::Responses => {
+            parse::<Responses>(body).map(|b| stream(&[b.tools, b.instructions, b.input]))
+        }
+        Api::Completions => parse::<Completion>(body).map(|b| stream(&[b.prompt])),
+        _ => None,
+    };
+    chain.unwrap_or_default()
+}
+
+fn parse<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Option<T> {
+    serde_json::from_slice(body).ok()
+}
+
+/// The chain of `parts`, separated; none without the last part, the prompt
+/// proper.
+fn stream(parts: &[Option<&RawValue>]) -> Vec<u64> {
+    if parts.last().is_none_or(|p| p.is_none()) {
+        return Vec::new();
+    }
+    let mut chain = Chainer::default();
+    for (i, part) in parts.iter().enumerate() {
+        if i > 0 {
+            chain.push(&[0x1e]);
+        }
+        chain.push(part.map_or(&[][..], |p| p.get().as_bytes()));
+    }
+    chain.blocks
+}
+
+#[derive(Deserialize)]
+struct Chat<'a> {
+    #[serde(borrow, default)]
+    tools: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    messages: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct Messages<'a> {
+    #[serde(borrow, default)]
+    tools: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    system: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    messages: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct Responses<'a> {
+    #[serde(borrow, default)]
+    tools: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    instructions: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    input: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct Completion<'a> {
+    #[serde(borrow, default)]
+    prompt: Option<&'a RawValue>,
+}
+
+/// Cuts a stream fed in parts into chained blocks.
+#[derive(Default)]
+struct Chainer {
+    blocks: Vec<u64>,
+    partial: Vec<u8>,
+}
+
+impl Chainer {
+    fn push(&mut self, mut bytes: &[u8]) {
+        if !self.partial.is_empty() {
+            let take = (BLOCK_BYTES - self.partial.len()).min(bytes.len());
+            self.partial.extend_from_slice(&bytes[..take]);
+            bytes = &bytes[take..];
+            if self.partial.len() < BLOCK_BYTES {
+                return;
+            }
+            let block = std::mem::take(&mut self.partial);
+            self.block(&block);
+        }
+        let mut whole = bytes.chunks_exact(BLOCK_BYTES);
+        for block in &mut whole {
+            self.block(block);
+        }
+        self.partial.extend_from_slice(whole.remainder());
+    }
+
+    fn block(&mut self, block: &[u8]) {
+        let parent = self.blocks.last().copied().unwrap_or(0);
+        self.blocks.push(xxh3_64_with_seed(block, parent));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn chat(messages: &serde_json::Value) -> Vec<u8> {
+        json!({"model": "m", "messages": messages, "stream": true})
+            .to_string()
+            .into_bytes()
+    }
+
+    fn message(role: &str, len: usize) -> serde_json::Value {
+        json!({"role": role, "content": "x".repeat(len)})
+    }
+
+    #[test]
+    fn the_chain_is_a_fixed_function_of_the_stream() {
+        let body = chat(&json!([message("user", 600)]));
+        let stream = serde_json::to_vec(&json!([message("user", 600)])).unwrap();
+        let sep = [&[][..], &[0x1e][..], &stream[..]].concat();
+        let b0 = xxh3_64_with_seed(&sep[..256], 0);
+        let b1 = xxh3_64_with_seed(&sep[256..512], b0);
+        assert_eq!(sep.len() / BLOCK_BYTES, 2);
+        assert_eq!(of(Api::ChatCompletions, &body), [b0, b1]);
+    }
+
+    #[test]
+    fn a_later_turn_starts_with_the_earlier_turns_chain() {
+        let first = json!([message("system", 2000), message("user", 300)]);
+        let mut later = first.as_array().unwrap().clone();
+        later.push(message("assistant", 100));
+        later.push(message("user", 100));
+        let a = of(Api::ChatCompletions, &chat(&first));
+        let b = of(Api::ChatCompletions, &chat(&json!(later)));
+        assert_eq!(a.len(), 9);
+        assert!(b.len() > a.len());
+        // All but the last block: the earlier body's last one holds its `]`.
+        assert_eq!(a[..8], b[..8]);
+        // Another system message: nothing shared from the first block on.
+        let other = json!([{"role": "system", "content": "z".repeat(2000)}, message("user", 300)]);
+        let c = of(Api::ChatCompletions, &chat(&other));
+        assert_ne!(a[0], c[0]);
+    }
+
+    #[test]
+    fn every_api_reads_its_own_fields() {
+        let long = "y".repeat(1000);
+        let msgs = json!({"model": "m", "system": long, "messages": [message("user", 10)]});
+        let resp = json!({"model": "m", "instructions": long, "input": "hi"});
+        let comp = json!({"model": "m", "prompt": long});
+        for (api, body) in [
+            (Api::Messages, msgs),
+            (Api::Responses, resp),
+            (Api::Completions, comp),
+        ] {
+            assert!(of(api, body.to_string().as_bytes()).len() >= 3, "{api:?}");
+        }
+        // Tools come before the messages: other tools, another chain.
+        let with = |tool: &str| {
+            let body = json!({"tools": [{"name": tool}], "messages": [message("user", 900)]});
+            of(Api::ChatCompletions, body.to_string().as_bytes())
+        };
+        assert_ne!(with("a")[0], with("b")[0]);
+        assert_eq!(with("a"), with("a"));
+    }
+
+    #[test]
+    fn no_prompt_no_chain() {
+        assert!(of(Api::ChatCompletions, b"{\"model\":\"m\"}").is_empty());
+        assert!(of(Api::ChatCompletions, b"not json").is_empty());
+        assert!(of(Api::Engine, &chat(&json!([message("user", 900)]))).is_empty());
+        // Shorter than a block: nothing to match.
+        assert!(of(Api::ChatCompletions, &chat(&json!([message("user", 10)]))).is_empty());
+    }
+}
