@@ -34,6 +34,8 @@ struct Answer {
     backend: String,
     route: String,
     cached: u64,
+    /// `X-Poimen-Expected-Cached-Tokens`.
+    expected: u64,
 }
 
 /// One keyless turn through `gw`.
@@ -50,6 +52,9 @@ async fn turn(gw: &Gateway, name: &str, turn_no: usize) -> Answer {
         header(&resp, "x-poimen-backend"),
         header(&resp, "x-poimen-route"),
     );
+    let expected = header(&resp, "x-poimen-expected-cached-tokens")
+        .parse()
+        .unwrap();
     let body: Value = resp.json().await.unwrap();
     let cached = body["usage"]["prompt_tokens_details"]["cached_tokens"]
         .as_u64()
@@ -58,6 +63,7 @@ async fn turn(gw: &Gateway, name: &str, turn_no: usize) -> Answer {
         backend,
         route,
         cached,
+        expected,
     }
 }
 
@@ -74,11 +80,16 @@ async fn keyless_conversations_stay_where_their_prefix_is_cached() {
     for name in ["alpha", "beta", "gamma", "delta"] {
         let first = turn(&gw, name, 1).await;
         assert_eq!(first.route, "round_robin", "{name}: a new conversation");
+        assert_eq!(first.expected, 0, "{name}: nothing known yet");
         for t in 2..=4 {
             let next = turn(&gw, name, t).await;
             assert_eq!(next.backend, first.backend, "{name} turn {t} moved");
             // Its context (2,000 words) came from the sim's cache.
             assert!(next.cached >= 2000, "{name} turn {t}: {}", next.cached);
+            // The index expected about as much (four bytes of JSON a token
+            // against the sim's four bytes of text).
+            let (e, c) = (next.expected as f64, next.cached as f64);
+            assert!((e - c).abs() < c / 3.0, "{name} turn {t}: {e} vs {c}");
             assert!(["round_robin", "cache"].contains(&next.route.as_str()));
         }
     }

@@ -650,6 +650,11 @@ impl ProxyHttp for Gateway {
             }
             let route = HeaderValue::from_static(a.candidate.route.as_str());
             response.insert_header("X-Poimen-Route", route)?;
+            // With a prefix index: what it expected the backend to hold, to
+            // read beside the usage's cached tokens.
+            if let Some(n) = a.expected_tokens {
+                response.insert_header("X-Poimen-Expected-Cached-Tokens", HeaderValue::from(n))?;
+            }
         }
         Ok(())
     }

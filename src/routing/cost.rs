@@ -4,18 +4,31 @@
 //! moving is clearly cheaper.
 //!
 //! ```text
-//! cost(b) = prefill(b) + wait(b)
+//! cost(b) = prefill(b) * (1 + running(b)) + wait(b) + load(b) * CONTENTION * service
 //! prefill(b) = (prompt tokens - tokens b holds) * seconds per uncached token
-//! wait(b)    = ahead(b) * seconds a request holds a slot / slots(b)
+//! running(b) = requests holding a slot there: min(load(b), slots(b))
+//! wait(b)    = ahead(b) * service / slots(b)
 //! ahead(b)   = requests before this one when b has no free slot: load(b) + 1 - slots(b), else 0
-//! home       = the usable backend holding the most of the prompt (ties: the order's first)
-//! choice     = the cheapest backend b (ties: the order's first),
-//!              if cost(b) < (1 - MOVE_MARGIN) * cost(home); else home
+//! service    = seconds a request holds a slot
+//! held(b)    = tokens b holds, if at least MIN_SHARE of the prompt; else 0
+//! home       = the usable backend of the largest held(b) (ties: the order's first)
+//! held(home) = 0 (a new conversation): the cheapest backend (ties: the order's first)
+//! otherwise  = the cheapest backend b, if cost(b) < (1 - MOVE_MARGIN) * cost(home)
+//!              and the request may move (not a warmup); else home
 //! ```
 //!
-//! With nothing cached and free slots, every cost is the same and the
-//! order's first (the key's rendezvous choice, or the round-robin turn)
-//! wins: replicas that share no state still agree on a new conversation.
+//! A prompt every conversation shares (a fixed system prompt) is under
+//! [`MIN_SHARE`] of a conversation's prompt: it makes no backend a home, or
+//! every new conversation would crowd onto the first that served it.
+//!
+//! A prefill stalls the batch it joins: every request running there waits
+//! for it too, so a cold prefill costs most where most run. Each running
+//! request also slows every decode step a little ([`CONTENTION`]). So a new
+//! conversation (nothing of it cached anywhere, or only a prompt every
+//! backend shares) goes where the fewest run; with none running anywhere,
+//! every cost is the same and the order's first (the key's rendezvous
+//! choice, or the round-robin turn) wins: replicas that share no state
+//! agree on a new conversation on idle backends.
 //! The two rates are learnt from the model's own responses ([`Rates`]): a
 //! request's slot time, and its time to first token over its uncached
 //! prompt tokens, as reported by vLLM.
@@ -28,6 +41,13 @@ use super::Facts;
 /// How much cheaper than staying a move must be: a little noise in the
 /// estimates never scatters a conversation.
 pub const MOVE_MARGIN: f64 = 0.2;
+
+/// The share of a prompt a backend must hold to be its home.
+pub const MIN_SHARE: f64 = 0.5;
+
+/// The share of a request's service time one more running request adds
+/// to it (each decode step serves one more sequence).
+pub const CONTENTION: f64 = 0.05;
 
 /// Seconds a request holds a slot, until measured.
 const DEFAULT_SERVICE_SECS: f64 = 2.0;
@@ -108,8 +128,11 @@ fn update(avg: &AtomicU64, sample: f64) {
 pub fn cost(rates: Snapshot, prompt: u64, facts: &Facts) -> f64 {
     let uncached = prompt.saturating_sub(facts.cached_tokens);
     let slots = facts.slots.max(1);
+    let running = facts.load.min(slots) as f64;
     let ahead = (facts.load + 1).saturating_sub(slots);
-    uncached as f64 * rates.prefill + ahead as f64 * rates.service / slots as f64
+    let prefill = uncached as f64 * rates.prefill * (1.0 + running);
+    let contention = facts.load as f64 * CONTENTION * rates.service;
+    prefill + ahead as f64 * rates.service / slots as f64 + contention
 }
 
 /// Why the cost rule chose what it chose.
@@ -132,26 +155,31 @@ pub fn choose(
     movable: bool,
 ) -> Option<Pick> {
     let positions = || (0..facts.len()).filter(|p| usable(*p));
-    // The first of the most cached: `max_by_key` keeps the last of equals.
-    let home = positions().rev().max_by_key(|p| facts[*p].cached_tokens)?;
-    if !movable {
-        return Some(Pick::Home(home));
-    }
-    let costs: Vec<(usize, f64)> = positions()
-        .map(|p| (p, cost(rates, prompt, &facts[p])))
-        .collect();
-    let at_home = costs.iter().find(|(p, _)| *p == home).map_or(0.0, |c| c.1);
-    let (best, cheapest) = costs
-        .iter()
-        .copied()
-        .reduce(|a, b| if b.1 < a.1 { b } else { a })?;
-    Some(if cheapest < (1.0 - MOVE_MARGIN) * at_home {
-        Pick::Moved {
-            to: best,
-            from: home,
+    let held = |p: &usize| {
+        let tokens = facts[*p].cached_tokens;
+        match tokens as f64 >= MIN_SHARE * prompt as f64 && tokens > 0 {
+            true => tokens,
+            false => 0,
         }
+    };
+    // The first of the most held: `max_by_key` keeps the last of equals.
+    let home = positions().rev().max_by_key(held)?;
+    let cost_at = |p: usize| cost(rates, prompt, &facts[p]);
+    // The first of the cheapest.
+    let cheapest = positions()
+        .map(|p| (p, cost_at(p)))
+        .reduce(|a, b| if b.1 < a.1 { b } else { a })?;
+    let stay = if held(&home) == 0 {
+        cheapest.0 == home
     } else {
-        Pick::Home(home)
+        !movable || cheapest.1 >= (1.0 - MOVE_MARGIN) * cost_at(home)
+    };
+    Some(match stay {
+        true => Pick::Home(home),
+        false => Pick::Moved {
+            to: cheapest.0,
+            from: home,
+        },
     })
 }
 
@@ -182,29 +210,35 @@ mod tests {
     }
 
     #[test]
-    fn the_cost_is_the_uncached_prefill_plus_the_wait_for_a_slot() {
-        // 1,000 tokens, 400 held: 0.6 s; a free slot: no wait.
-        close(cost(RATES, 1000, &facts(3, 400)), 0.6);
+    fn the_cost_is_the_prefill_stalling_the_batch_plus_the_wait_and_the_contention() {
+        // 1,000 tokens, 400 held: 0.6 s of prefill, stalling the 3 running
+        // too (2.4 s); a free slot, no wait; 3 running, 0.15 s.
+        close(cost(RATES, 1000, &facts(3, 400)), 2.55);
         // Full (4 of 4): one request ahead, a quarter of a service time.
-        close(cost(RATES, 1000, &facts(4, 1000)), 0.25);
-        close(cost(RATES, 1000, &facts(7, 1000)), 1.0);
+        close(cost(RATES, 1000, &facts(4, 1000)), 0.45);
+        close(cost(RATES, 1000, &facts(7, 1000)), 1.35);
         // No slot limit known: one slot.
         let unknown = Facts {
             load: 1,
             ..Facts::default()
         };
-        close(cost(RATES, 0, &unknown), 1.0);
+        close(cost(RATES, 0, &unknown), 1.05);
         // More held than the prompt (a block's rounding): no negative prefill.
         close(cost(RATES, 10, &facts(0, 64)), 0.0);
     }
 
     #[test]
-    fn nothing_known_the_orders_first_wins() {
+    fn a_new_conversation_goes_to_the_orders_first_unless_another_is_less_busy() {
         let idle = [facts(0, 0), facts(0, 0), facts(0, 0)];
         assert_eq!(choose(RATES, 5000, &idle, all, true), Some(Pick::Home(0)));
-        // Everyone holds the shared system prompt: still the first.
-        let shared = [facts(1, 1500), facts(0, 1500), facts(2, 1500)];
+        // Every backend holds the shared system prompt: no home for that.
+        let shared = [facts(0, 1500), facts(0, 1500), facts(0, 1500)];
         assert_eq!(choose(RATES, 5000, &shared, all, true), Some(Pick::Home(0)));
+        // Loaded unevenly: the least busy, a warmup too.
+        let busy = [facts(1, 1500), facts(0, 1500), facts(2, 1500)];
+        let moved = Some(Pick::Moved { to: 1, from: 0 });
+        assert_eq!(choose(RATES, 5000, &busy, all, true), moved);
+        assert_eq!(choose(RATES, 5000, &busy, all, false), moved);
         // Not usable: the next.
         let usable = |p: usize| p != 0;
         assert_eq!(
@@ -219,19 +253,19 @@ mod tests {
         // Its prefix (4,800 of 5,000 tokens) on the third backend.
         let mut f = [facts(0, 1500), facts(0, 1500), facts(0, 4800)];
         assert_eq!(choose(RATES, 5000, &f, all, true), Some(Pick::Home(2)));
-        // Full with a queue: home costs 0.2 + 4 * 0.25 = 1.2 s; a cold
-        // prefill of 3,500 tokens elsewhere costs 3.5 s: it stays.
+        // Full with a queue: home costs 1.0 + 4 * 0.25 + 0.35 = 2.35 s; a
+        // cold prefill elsewhere 3.5 s: it stays.
         f[2].load = 7;
         assert_eq!(choose(RATES, 5000, &f, all, true), Some(Pick::Home(2)));
-        // 17 ahead cost 4.45 s: moving is clearly cheaper.
-        f[2].load = 20;
+        // 11 ahead: 1.0 + 2.75 + 0.7 = 4.45 s, moving is clearly cheaper.
+        f[2].load = 14;
         let moved = Some(Pick::Moved { to: 0, from: 2 });
         assert_eq!(choose(RATES, 5000, &f, all, true), moved);
-        // Within the margin, it stays: 3.5 against 4.2 * 0.8 = 3.36.
-        f[2].load = 19;
-        close(cost(RATES, 5000, &f[2]), 4.2);
+        // Within the margin, it stays: 3.5 against 4.15 * 0.8 = 3.32.
+        f[2].load = 13;
+        close(cost(RATES, 5000, &f[2]), 4.15);
         assert_eq!(choose(RATES, 5000, &f, all, true), Some(Pick::Home(2)));
-        // A warmup is never moved.
+        // A warmup never leaves its home.
         f[2].load = 100;
         assert_eq!(choose(RATES, 5000, &f, all, false), Some(Pick::Home(2)));
     }
@@ -243,7 +277,7 @@ mod tests {
         let moved = Some(Pick::Moved { to: 1, from: 0 });
         assert_eq!(choose(RATES, 5000, &f, all, true), moved);
         // A new conversation whose first choice has a long queue: to the
-        // first with a free slot.
+        // least busy.
         let f = [facts(40, 0), facts(4, 0), facts(2, 0)];
         let moved = Some(Pick::Moved { to: 2, from: 0 });
         assert_eq!(choose(RATES, 500, &f, all, true), moved);
