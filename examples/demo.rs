@@ -1,7 +1,7 @@
 //! The demo behind `./demo.sh`: three vllm-sim instances, the gateway with
 //! `conf/demo.yaml`, and an agent workload run four times: with
-//! `X-Poimen-Cache-Key` under pure rendezvous and under bounded load (the
-//! shipped setting), and without a key under keyless affinity (shipped) and
+//! `X-Poimen-Cache-Key` under pure rendezvous and by cost over the prefix
+//! index (the shipped setting), and without a key by cost (shipped) and
 //! under round-robin. Every process it starts is stopped when it ends.
 //!
 //! Everything listens on a free port the process picks itself (port 0) and
@@ -160,17 +160,17 @@ const MODES: [Mode; 4] = [
         name: "keyed",
         title: "with X-Poimen-Cache-Key, pure rendezvous (each session stays on one GPU)",
         keyed: true,
-        routing: &[("balance_factor", None)],
+        routing: &[("prefix_index", None)],
     },
     Mode {
-        name: "bounded",
-        title: "with X-Poimen-Cache-Key, bounded load (shipped: a busy GPU's excess moves down its ranking)",
+        name: "cost",
+        title: "with X-Poimen-Cache-Key, by cost (shipped: a session stays where its context is cached unless waiting costs more)",
         keyed: true,
         routing: &[],
     },
     Mode {
         name: "keyless",
-        title: "without a key, keyless affinity (shipped: the system messages, the session's memory, are the key)",
+        title: "without a key, by cost (shipped: the prefix index finds each session's GPU)",
         keyed: false,
         routing: &[],
     },
@@ -178,7 +178,7 @@ const MODES: [Mode; 4] = [
         name: "round-robin",
         title: "without a key, round-robin (sessions wander)",
         keyed: false,
-        routing: &[("keyless", Some("round_robin"))],
+        routing: &[("keyless", Some("round_robin")), ("prefix_index", None)],
     },
 ];
 
@@ -295,7 +295,7 @@ async fn metrics_excerpt(http: &reqwest::Client, metrics: SocketAddr) -> String 
                 || l.starts_with("poimen_gateway_prompt_tokens_total")
                 || l.starts_with("warmup_requests_delayed_total")
                 || l.starts_with("poimen_gateway_requests_total")
-                || l.starts_with("poimen_gateway_moved_conversations"))
+                || l.starts_with("poimen_gateway_prefix_index_"))
                 && !l.ends_with(" 0")
         })
         .map(|l| format!("  {l}\n"))
@@ -348,7 +348,7 @@ async fn main() {
             let _ = g.wait();
         }
     }
-    println!("\n/metrics excerpt (bounded run):");
+    println!("\n/metrics excerpt (keyed run by cost):");
     print!("{excerpt}");
     println!("\nstopping the gateway and the simulators");
 }

@@ -79,6 +79,18 @@ pub fn explain(model: &ModelConfig, entries: &Entries, query: Query) -> Vec<Stri
         }
         Affinity::None => round_robin(&members, &router),
     });
+    if policy.prefix_index.is_some() {
+        lines.push(
+            "prefix_index: the order above is kept for a new conversation on idle backends; a request goes where its gateway's index says at least half of its prompt is cached (route cache), unless waiting there costs clearly more than a cold prefill elsewhere (route balance); a new conversation goes to the least busy".into(),
+        );
+        if let Query::Body { path, body } = query {
+            let blocks = crate::routing::chain::of(Api::of_path(path), body).len() as u64;
+            let tokens = blocks * crate::routing::chain::BLOCK_TOKENS;
+            lines.push(format!(
+                "the body's prompt: {blocks} blocks of the index, about {tokens} tokens"
+            ));
+        }
+    }
     lines
 }
 
@@ -367,6 +379,26 @@ mod tests {
         let m = model("  routing: {balance_factor: 1.5}\n");
         let lines = explain(&m, &entries(&m), Query::Key("k"));
         assert!(lines.last().unwrap().starts_with("balance_factor 1.5:"));
+    }
+
+    #[test]
+    fn the_cost_rule_is_explained_with_the_bodys_blocks() {
+        let m = model("  routing: {prefix_index: {cache_tokens: 4096}}\n");
+        let lines = explain(&m, &entries(&m), Query::Key("k"));
+        assert!(lines.last().unwrap().starts_with("prefix_index: "));
+        let text = "w".repeat(1000);
+        let body = serde_json::json!({"messages": [{"role": "user", "content": text}]});
+        let body = body.to_string();
+        let query = Query::Body {
+            path: DEFAULT_PATH,
+            body: body.as_bytes(),
+        };
+        let lines = explain(&m, &entries(&m), query);
+        let last = lines.last().unwrap();
+        assert_eq!(
+            last,
+            "the body's prompt: 4 blocks of the index, about 256 tokens"
+        );
     }
 
     #[test]

@@ -27,7 +27,9 @@ function init(args)
   pause_ms = tonumber(args[3] or "0")
   local key_header = args[4] or "X-Poimen-Cache-Key"
   local tenant_header = args[5]
-  local filler = string.rep("The agent keeps notes on the repository, the failing test and the plan. ", 24)
+  -- POIMEN_FILLER_REPS (run.py --body-kb) sets the body's size: 24, ~2 KB.
+  local reps = tonumber(os.getenv("POIMEN_FILLER_REPS") or "24")
+  local filler = string.rep("The agent keeps notes on the repository, the failing test and the plan. ", reps)
   reqs = {}
   for k = 1, nkeys do
     local key = string.format("bench-session-%03d", k)

@@ -33,6 +33,8 @@ bench/results/overhead-features.md):
   --tenants: a row `gateway-tenants`, `gateway` plus `gateway.tenants`
      (header X-Tenant; a: weight 2, requests_per_minute 100000000; b), and
      wrk sends X-Tenant a and b alternating (chat.lua's 5th argument).
+  --prefix-index: a row `gateway-index`, `gateway` plus
+     `routing.prefix_index: {cache_tokens: 1048576}` (routing by cost).
   --tracing: rows `gateway-trace-1` and `gateway-trace-0.01`, `gateway` plus
      `gateway.tracing` at sample_ratio 1.0 and 0.01, exporting to an OTLP/HTTP
      sink in this process (it answers every export with an empty success and
@@ -293,13 +295,17 @@ def thread_use(before: dict, after: dict) -> str:
 # wrk
 
 
+# chat.lua's body size (--body-kb): the repetitions of its 73-byte filler.
+WRK_ENV = dict(os.environ)
+
+
 def run_wrk(port: int, script: str, conns: int, duration: float, delay_ms: int = 0,
             header: str = KEY_HEADER, tenant_header: str | None = None) -> dict:
     argv = ["wrk", "-t2", f"-c{conns}", f"-d{duration:g}s", "--timeout", "5s", "-s", str(HERE / script),
             f"http://127.0.0.1:{port}", "--", FAKE_MODEL, "64", str(delay_ms), header]
     if tenant_header:
         argv.append(tenant_header)
-    r = subprocess.run(argv, capture_output=True, text=True, timeout=duration + 60)
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=duration + 60, env=WRK_ENV)
     m = re.search(r"^POIMEN_JSON (\{.*\})$", r.stdout, re.M)
     if r.returncode != 0 or not m:
         raise RuntimeError(f"wrk failed ({r.returncode}): {r.stdout}\n{r.stderr}")
@@ -486,14 +492,21 @@ def main() -> int:
                     help="also a row NAME: `gateway` run from DIR/poimen-gateway (repeatable)")
     ap.add_argument("--tenants", action="store_true",
                     help="also a row gateway-tenants: `gateway` with tenants a and b named by X-Tenant")
+    ap.add_argument("--prefix-index", action="store_true",
+                    help="also a row gateway-index: `gateway` routing by cost over a prefix index")
     ap.add_argument("--tracing", action="store_true",
                     help="also rows " + ", ".join(TRACE_ROWS) + ": `gateway` with tracing at those sample ratios")
+    ap.add_argument("--body-kb", type=float, default=0,
+                    help="chat bodies of about this many KB instead of ~2 KB (saturated and paced parts)")
     ap.add_argument("--keep-logs", action="store_true")
     a = ap.parse_args()
+    if a.body_kb:
+        WRK_ENV["POIMEN_FILLER_REPS"] = str(max(1, round(a.body_kb * 1024 / 73)))
     extra_bins = {}  # row name -> bin dir
     for spec in a.gateway_bin:
         name, sep, d = spec.partition("=")
-        if not sep or not name or name in ALL_TARGETS or name == "gateway-tenants" or name in TRACE_ROWS:
+        if not sep or not name or name in ALL_TARGETS or name in ("gateway-tenants", "gateway-index") \
+                or name in TRACE_ROWS:
             ap.error(f"--gateway-bin {spec}: want NAME=DIR, NAME not one of the known rows")
         if not (Path(d) / "poimen-gateway").exists():
             ap.error(f"--gateway-bin {spec}: no {Path(d) / 'poimen-gateway'}")
@@ -515,7 +528,7 @@ def main() -> int:
             sys.exit(f"{venv / 'bin' / name} missing: run bash bench/setup.sh (or leave {name} out of --targets)")
     # the Rust binaries only for the gateway rows (and vllm-sim for SSE/RSS) and the bare proxies
     with_gateway = "gateway" in chosen
-    bins = C.bin_dir() if chosen & {*GATEWAYS, *BAREBONES} or a.tenants or a.tracing else None
+    bins = C.bin_dir() if chosen & {*GATEWAYS, *BAREBONES} or a.tenants or a.prefix_index or a.tracing else None
     sse_on = with_gateway and a.sse_rounds > 0
     rss_on = with_gateway and a.streams > 0
     t_start = time.time()
@@ -549,6 +562,9 @@ def main() -> int:
         rows = [r for r in rows if r[0] in chosen] + [(n, "info", False, d, {}) for n, d in extra_bins.items()]
         if a.tenants:
             rows.append(("gateway-tenants", "info", False, bins, {"tenants": tenants}))
+        if a.prefix_index:
+            rows.append(("gateway-index", "info", False, bins,
+                         {"routing": {"prefix_index": {"cache_tokens": 1 << 20}}}))
         sink = OtlpSink() if a.tracing else None
         for name, ratio in TRACE_ROWS.items() if sink else ():
             tracing = {"otlp_endpoint": sink.endpoint, "sample_ratio": ratio}
@@ -771,7 +787,7 @@ def render(a, T, targets, sat, paced, sse, rss, bins, elapsed, failures) -> str:
     args = " ".join(sys.argv[1:])
     w(f"- command: `bash bench/overhead/run.sh{(' ' + args) if args else ''}` (in effect: `--rounds {a.rounds} "
       f"--duration {a.duration:g} --threads {T} --targets {','.join(a.targets)}"
-      f"{''.join(f' --gateway-bin {spec}' for spec in a.gateway_bin)}{' --tenants' if a.tenants else ''}{' --tracing' if a.tracing else ''}`...); "
+      f"{''.join(f' --gateway-bin {spec}' for spec in a.gateway_bin)}{' --tenants' if a.tenants else ''}{' --prefix-index' if a.prefix_index else ''}{f' --body-kb {a.body_kb:g}' if a.body_kb else ''}{' --tracing' if a.tracing else ''}`...); "
       f"total run time {elapsed / 60:.1f} min")
     w("")
     w("## Saturated throughput")
@@ -802,6 +818,9 @@ def render(a, T, targets, sat, paced, sse, rss, bins, elapsed, failures) -> str:
     for n in sat:
         if n in extra_rows(a):
             w(f"- `{n}`: `gateway` (same config and logging) run from `{extra_rows(a)[n]}/poimen-gateway`.")
+    if "gateway-index" in sat:
+        w("- `gateway-index`: `gateway` plus `routing.prefix_index: {cache_tokens: 1048576}`: every keyed request's "
+          "prompt cut into chained blocks, looked up in the index and recorded at its backend (routing by cost).")
     if "gateway-tenants" in sat:
         w(f"- `gateway-tenants`: `gateway` plus `gateway.tenants: {{header: {TENANT_HEADER}, list: [{{name: a, weight: 2, "
           f"requests_per_minute: 100000000}}, {{name: b}}]}}`; wrk sends `{TENANT_HEADER}: a` and `b` alternating "
