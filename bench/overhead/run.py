@@ -502,6 +502,14 @@ def main() -> int:
     a = ap.parse_args()
     if a.body_kb:
         WRK_ENV["POIMEN_FILLER_REPS"] = str(max(1, round(a.body_kb * 1024 / 73)))
+        # The backends' usage as a vLLM would report it for such a prompt
+        # (four bytes a token, all but the last 16 cached), so that the
+        # gateway's prefix index is not told its estimate is wrong.
+        global FAKE_BODY
+        tokens = round(a.body_kb * 1024 / 4)
+        FAKE_BODY = (FAKE_BODY.replace('"prompt_tokens":512,"total_tokens":528',
+                                       f'"prompt_tokens":{tokens},"total_tokens":{tokens + 16}')
+                     .replace('"cached_tokens":496', f'"cached_tokens":{tokens - 16}'))
     extra_bins = {}  # row name -> bin dir
     for spec in a.gateway_bin:
         name, sep, d = spec.partition("=")

@@ -10,6 +10,7 @@ use std::borrow::Cow;
 
 use serde::de::IgnoredAny;
 use serde::Deserialize;
+use serde_json::value::RawValue;
 
 #[derive(Debug, PartialEq, thiserror::Error)]
 pub enum BodyError {
@@ -33,6 +34,71 @@ struct Probe<'a> {
     stream_options: Option<IgnoredAny>,
     #[serde(borrow, default)]
     previous_response_id: Option<IgnoredAnyOr<Cow<'a, str>>>,
+    #[serde(borrow, default)]
+    tools: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    system: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    messages: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    instructions: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    input: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    prompt: Option<&'a RawValue>,
+}
+
+/// The fields a prompt is made of, as sent (the prefix index's chain,
+/// `routing::chain`): taken in the one parse that finds the model.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Prompt<'a> {
+    pub tools: Option<&'a RawValue>,
+    /// Messages API.
+    pub system: Option<&'a RawValue>,
+    /// Chat Completions and Messages.
+    pub messages: Option<&'a RawValue>,
+    /// Responses API.
+    pub instructions: Option<&'a RawValue>,
+    /// Responses API.
+    pub input: Option<&'a RawValue>,
+    /// Completions.
+    pub prompt: Option<&'a RawValue>,
+}
+
+impl<'a> Probe<'a> {
+    fn prompt(&self) -> Prompt<'a> {
+        Prompt {
+            tools: self.tools,
+            system: self.system,
+            messages: self.messages,
+            instructions: self.instructions,
+            input: self.input,
+            prompt: self.prompt,
+        }
+    }
+}
+
+/// Equal when every field is the same text.
+impl PartialEq for Prompt<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        let text = |p: &Self| {
+            [
+                p.tools,
+                p.system,
+                p.messages,
+                p.instructions,
+                p.input,
+                p.prompt,
+            ]
+            .map(|f| f.map(RawValue::get))
+        };
+        text(self) == text(other)
+    }
+}
+
+/// The prompt fields of a JSON body (empty when it is not an object).
+pub fn prompt_of(body: &[u8]) -> Prompt<'_> {
+    serde_json::from_slice::<Probe>(body).map_or_else(|_| Prompt::default(), |p| p.prompt())
 }
 
 /// A value of type `T`, or anything else (which then counts as absent).
@@ -53,6 +119,7 @@ pub struct Inspected<'a> {
     pub stream_options: bool,
     /// A string `previous_response_id` (Responses API).
     pub previous_response_id: Option<Cow<'a, str>>,
+    pub prompt: Prompt<'a>,
 }
 
 #[derive(Deserialize)]
@@ -76,12 +143,14 @@ pub fn inspect(body: &[u8]) -> Result<Inspected<'_>, BodyError> {
             BodyError::NotJson(msg)
         }
     })?;
+    let prompt = probe.prompt();
     let model = match probe.model {
         None => return Err(BodyError::NoModel),
         Some(ModelField::Name(m)) if !m.is_empty() => m,
         Some(_) => return Err(BodyError::BadModel),
     };
     Ok(Inspected {
+        prompt,
         model,
         stream: matches!(probe.stream, Some(IgnoredAnyOr::Value(true))),
         stream_options: probe.stream_options.is_some(),
@@ -102,6 +171,7 @@ pub fn inspect_multipart<'a>(
         stream: false,
         stream_options: false,
         previous_response_id: None,
+        prompt: Prompt::default(),
     })
 }
 

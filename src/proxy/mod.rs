@@ -240,6 +240,7 @@ impl Gateway {
             .then(|| facts.previous_response_id.filter(|id| owners::valid_id(id)))
             .flatten()
             .map(|id| id.into_owned());
+        let chain = pool.routing.policy().chain(api, &facts.prompt);
         let held = self.serve(ctx, &pool, tenant)?;
         // A stream whose client did not ask for usage: ask for it, and hide
         // the extra chunk from the client.
@@ -253,8 +254,9 @@ impl Gateway {
         } else {
             raw
         };
-        let input =
-            (pool.routing.input(cache_key, warmup, api, body.clone())).with_stored(continues);
+        let input = (pool.routing.input(cache_key, warmup, api, body.clone()))
+            .with_stored(continues)
+            .with_chain(chain);
         if warmup {
             self.warmup_delay(session).await?;
         }

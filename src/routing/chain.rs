@@ -22,11 +22,11 @@
 //! over-counts. A block stands for [`BLOCK_TOKENS`] tokens, English text's
 //! usual four bytes a token.
 
-use serde::Deserialize;
 use serde_json::value::RawValue;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use crate::api::Api;
+use crate::body::{self, Prompt};
 
 /// Bytes of the stream per block.
 pub const BLOCK_BYTES: usize = 256;
@@ -37,20 +37,19 @@ pub const BLOCK_TOKENS: u64 = (BLOCK_BYTES / 4) as u64;
 /// The chained hashes of a body's full blocks; empty for a body without a
 /// prompt (another API, no messages, not JSON).
 pub fn of(api: Api, body: &[u8]) -> Vec<u64> {
-    let chain = match api {
-        Api::ChatCompletions => parse::<Chat>(body).map(|b| stream(&[b.tools, b.messages])),
-        Api::Messages => parse::<Messages>(body).map(|b| stream(&[b.tools, b.system, b.messages])),
-        Api::Responses => {
-            parse::<Responses>(body).map(|b| stream(&[b.tools, b.instructions, b.input]))
-        }
-        Api::Completions => parse::<Completion>(body).map(|b| stream(&[b.prompt])),
-        _ => None,
-    };
-    chain.unwrap_or_default()
+    of_prompt(api, &body::prompt_of(body))
 }
 
-fn parse<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Option<T> {
-    serde_json::from_slice(body).ok()
+/// The chain of a prompt's fields, read from the body already
+/// (`body::inspect`).
+pub fn of_prompt(api: Api, p: &Prompt) -> Vec<u64> {
+    match api {
+        Api::ChatCompletions => stream(&[p.tools, p.messages]),
+        Api::Messages => stream(&[p.tools, p.system, p.messages]),
+        Api::Responses => stream(&[p.tools, p.instructions, p.input]),
+        Api::Completions => stream(&[p.prompt]),
+        _ => Vec::new(),
+    }
 }
 
 /// The chain of `parts`, separated; none without the last part, the prompt
@@ -67,40 +66,6 @@ fn stream(parts: &[Option<&RawValue>]) -> Vec<u64> {
         chain.push(part.map_or(&[][..], |p| p.get().as_bytes()));
     }
     chain.blocks
-}
-
-#[derive(Deserialize)]
-struct Chat<'a> {
-    #[serde(borrow, default)]
-    tools: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    messages: Option<&'a RawValue>,
-}
-
-#[derive(Deserialize)]
-struct Messages<'a> {
-    #[serde(borrow, default)]
-    tools: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    system: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    messages: Option<&'a RawValue>,
-}
-
-#[derive(Deserialize)]
-struct Responses<'a> {
-    #[serde(borrow, default)]
-    tools: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    instructions: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    input: Option<&'a RawValue>,
-}
-
-#[derive(Deserialize)]
-struct Completion<'a> {
-    #[serde(borrow, default)]
-    prompt: Option<&'a RawValue>,
 }
 
 /// Cuts a stream fed in parts into chained blocks.

@@ -259,9 +259,9 @@ impl Policy {
     }
 
     /// The chain of a request's prompt, when an index is kept.
-    pub fn chain(&self, api: Api, body: &[u8]) -> Vec<u64> {
+    pub fn chain(&self, api: Api, prompt: &crate::body::Prompt) -> Vec<u64> {
         match self.prefix_index {
-            Some(_) => chain::of(api, body),
+            Some(_) => chain::of_prompt(api, prompt),
             None => Vec::new(),
         }
     }

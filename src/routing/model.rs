@@ -101,6 +101,12 @@ impl Input {
         &self.chain
     }
 
+    /// Its prompt's chain of blocks (`Policy::chain`).
+    pub fn with_chain(mut self, chain: Vec<u64>) -> Self {
+        self.chain = chain;
+        self
+    }
+
     /// It continues or names stored response `id`.
     pub fn with_stored(mut self, id: Option<String>) -> Self {
         self.stored = id;
@@ -251,7 +257,6 @@ impl Routing {
             Some(_) => None,
             None => self.policy.derived_key(api, &body),
         };
-        let chain = self.policy.chain(api, &body);
         Input {
             cache_key,
             derived_key,
@@ -261,7 +266,7 @@ impl Routing {
             tried: Vec::new(),
             stored: None,
             conversation: OnceLock::new(),
-            chain,
+            chain: Vec::new(),
         }
     }
 
@@ -508,7 +513,13 @@ mod tests {
         }
         let body = serde_json::json!({"model": "m", "messages": messages}).to_string();
         let key = (!key.is_empty()).then(|| HeaderValue::from_static(key));
-        routing.input(key, false, Api::ChatCompletions, body.into())
+        let api = Api::ChatCompletions;
+        let chain = routing
+            .policy
+            .chain(api, &crate::body::prompt_of(body.as_bytes()));
+        routing
+            .input(key, false, api, body.into())
+            .with_chain(chain)
     }
 
     /// Route `input` with backend `busy` holding `load` (4 slots each);
