@@ -2,7 +2,7 @@
 """Heap allocations per request, for bench/results/overhead-analysis.md:
 starts the same fake backends as run.py (one nginx, 4 ports) and one proxy
 at a time (pingora-bare, pingora-read, pingora-timeouts, pingora-body,
-gateway-quiet, gateway; 1 worker thread), warms it up, attaches heaptrack
+gateway-quiet, gateway, gateway-index-quiet; 1 worker thread), warms it up, attaches heaptrack
 for a wrk run (chat.lua, 32 connections), and divides the allocation calls
 heaptrack saw by the requests completed meanwhile. heaptrack slows the
 proxy down a lot; the count per request, not the rate, is the point. Needs
@@ -25,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common as C  # noqa: E402
 import run as R  # noqa: E402
 
-TARGETS = ["pingora-bare", "pingora-read", "pingora-timeouts", "pingora-body", "gateway-quiet", "gateway"]
+TARGETS = ["pingora-bare", "pingora-read", "pingora-timeouts", "pingora-body", "gateway-quiet", "gateway",
+           "gateway-index-quiet"]
 
 
 def start(which: str, procs: C.Procs, bins: Path, wd: Path, port: int, backends: list[int]):
@@ -35,9 +36,11 @@ def start(which: str, procs: C.Procs, bins: Path, wd: Path, port: int, backends:
                         + [f"127.0.0.1:{x}" for x in backends])
         C.wait_port(port, proc=p)
         return p
+    # gateway-index-quiet: gateway-quiet routing by cost over a prefix index
+    extra = {"routing": {"prefix_index": {"cache_tokens": 1 << 20}}} if "index" in which else None
     cfg = C.gateway_yaml(wd, which, port, C.free_port(),
                          [{"name": R.FAKE_MODEL, "addresses": [f"127.0.0.1:{x}" for x in backends]}],
-                         threads=1, scheduler={"max_num_seqs": 4096, "max_queue_depth": 0})
+                         threads=1, scheduler={"max_num_seqs": 4096, "max_queue_depth": 0}, extra=extra)
     return C.start_gateway(procs, bins, which, cfg, port, rust_log="info" if which == "gateway" else "warn")
 
 

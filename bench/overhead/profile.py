@@ -12,7 +12,7 @@ gateway, gateway-quiet or pingora-bare; 1 worker/thread), then under wrk load
   4. `strace` of two single requests (curl): the syscalls one request makes
 Needs perf (Debian: linux-perf) and strace; skips what is missing.
 
-  python3 bench/overhead/profile.py gateway-quiet
+  python3 bench/overhead/profile.py gateway-quiet [--backends N]   # N fake backends (default 4)
 """
 
 from __future__ import annotations
@@ -50,13 +50,19 @@ def crate_of(dso: str, kind: str, sym: str) -> str:
 
 
 def main() -> int:
-    which = sys.argv[1] if len(sys.argv) > 1 else "gateway-quiet"
+    args = sys.argv[1:]
+    n_backends = 4
+    if "--backends" in args:
+        i = args.index("--backends")
+        n_backends = int(args[i + 1])
+        del args[i:i + 2]
+    which = args[0] if args else "gateway-quiet"
     C.signals_raise()
     C.raise_nofile()
     bins = C.bin_dir()
-    out = {"proxy": which}
+    out = {"proxy": which, "backends": n_backends}
     with C.bench_run("profile", False) as (wd, procs):
-        fp = [C.free_port() for _ in range(4)]
+        fp = [C.free_port() for _ in range(n_backends)]
         be = R.start_nginx(procs, "backends", R.backends_conf(wd, fp), fp[-1])
         port = C.free_port()
         if which == "nginx":

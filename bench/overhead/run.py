@@ -498,6 +498,9 @@ def main() -> int:
                     help="also rows " + ", ".join(TRACE_ROWS) + ": `gateway` with tracing at those sample ratios")
     ap.add_argument("--body-kb", type=float, default=0,
                     help="chat bodies of about this many KB instead of ~2 KB (saturated and paced parts)")
+    ap.add_argument("--backends", type=int, default=4,
+                    help="adds rows gateway-N (and gateway-index-N) routing over N fake backends, beside the "
+                         "usual 4: what routing costs per backend")
     ap.add_argument("--keep-logs", action="store_true")
     a = ap.parse_args()
     if a.body_kb:
@@ -542,21 +545,23 @@ def main() -> int:
     t_start = time.time()
     with C.bench_run("overhead", a.keep_logs) as (wd, procs):
         T = a.threads
-        fake_ports = [C.free_port() for _ in range(4)]
+        # --backends N: the one nginx listens on N ports; the usual rows use
+        # the first 4, rows named `-N` all N, in the same interleaved rounds.
+        all_ports = [C.free_port() for _ in range(max(4, a.backends))]
+        fake_ports = all_ports[:4]
         sim_ports = [C.free_port() for _ in range(4)]
         proxy_port, proxy_sse_port = C.free_port(), C.free_port()
 
-        backends = start_nginx(procs, "backends", backends_conf(wd, fake_ports), fake_ports[-1])
+        backends = start_nginx(procs, "backends", backends_conf(wd, all_ports), all_ports[-1])
         if sse_on:
             for i, p in enumerate(sim_ports):
                 C.start_sim(procs, bins, f"sim-fast-{i}", p, "--time-scale", "0", "--max-num-seqs", "256",
                             "--kv-cache-tokens", "1048576", model=FAST_MODEL)
         proxy = start_nginx(procs, "proxy", proxy_conf(wd, T, proxy_port, fake_ports, proxy_sse_port, sim_ports),
                             proxy_sse_port)
-        models = [
-            {"name": FAKE_MODEL, "addresses": [f"127.0.0.1:{p}" for p in fake_ports]},
-            {"name": FAST_MODEL, "addresses": [f"127.0.0.1:{p}" for p in sim_ports]},
-        ]
+        def models_on(ports: list[int]) -> list[dict]:
+            return [{"name": FAKE_MODEL, "addresses": [f"127.0.0.1:{p}" for p in ports]},
+                    {"name": FAST_MODEL, "addresses": [f"127.0.0.1:{p}" for p in sim_ports]}]
         sched = {"max_num_seqs": 4096, "max_queue_depth": 0}  # 4096 is the largest allowed; 32 connections never reach it
         # Default failure_exclusion_secs (30). Before commit 2950572 the end of every
         # wrk run (wrk closes connections with requests in flight) excluded all 4
@@ -565,21 +570,26 @@ def main() -> int:
         gateways = {}  # name -> (process, port, metrics port)
         tenants = {"header": TENANT_HEADER,
                    "list": [{"name": "a", "weight": 2, "requests_per_minute": 100_000_000}, {"name": "b"}]}
+        index = {"routing": {"prefix_index": {"cache_tokens": 1 << 20}}}
         rows = [("gateway", "info", False, bins, {}), ("gateway-quiet", "warn", False, bins, {}),
                 ("gateway-steal", "info", True, bins, {})]
         rows = [r for r in rows if r[0] in chosen] + [(n, "info", False, d, {}) for n, d in extra_bins.items()]
         if a.tenants:
             rows.append(("gateway-tenants", "info", False, bins, {"tenants": tenants}))
         if a.prefix_index:
-            rows.append(("gateway-index", "info", False, bins,
-                         {"routing": {"prefix_index": {"cache_tokens": 1 << 20}}}))
+            rows.append(("gateway-index", "info", False, bins, index))
+        if a.backends != 4:
+            rows.append((f"gateway-{a.backends}", "info", False, bins, {}))
+            if a.prefix_index:
+                rows.append((f"gateway-index-{a.backends}", "info", False, bins, index))
         sink = OtlpSink() if a.tracing else None
         for name, ratio in TRACE_ROWS.items() if sink else ():
             tracing = {"otlp_endpoint": sink.endpoint, "sample_ratio": ratio}
             rows.append((name, "info", False, bins, {"tracing": tracing}))
         for name, rust_log, work_stealing, gw_bins, extra in rows:
             port, mport = C.free_port(), C.free_port()
-            cfg = C.gateway_yaml(wd, name, port, mport, models, threads=T, scheduler=sched,
+            ports = all_ports if name.endswith(f"-{a.backends}") and a.backends != 4 else fake_ports
+            cfg = C.gateway_yaml(wd, name, port, mport, models_on(ports), threads=T, scheduler=sched,
                                  extra={"stream_usage": True, **extra}, work_stealing=work_stealing)
             gateways[name] = (C.start_gateway(procs, gw_bins, name, cfg, port, rust_log=rust_log), port, mport)
 
@@ -609,7 +619,7 @@ def main() -> int:
         # sanity: every target answers 200 with the backends' body and keeps a key
         # on one backend; then a short wrk run without errors
         for t in targets:
-            t["check"] = check_target(t, len(fake_ports))
+            t["check"] = check_target(t, len(all_ports) if t["name"].endswith(f"-{a.backends}") else 4)
             print(f"  {t['name']}: {t['check']}", flush=True)
             d = run_wrk(t["port"], "chat.lua", 2, 1, 0, t["header"], t.get("tenant_header"))
             if d["errors"] or d["requests"] == 0:
@@ -795,7 +805,7 @@ def render(a, T, targets, sat, paced, sse, rss, bins, elapsed, failures) -> str:
     args = " ".join(sys.argv[1:])
     w(f"- command: `bash bench/overhead/run.sh{(' ' + args) if args else ''}` (in effect: `--rounds {a.rounds} "
       f"--duration {a.duration:g} --threads {T} --targets {','.join(a.targets)}"
-      f"{''.join(f' --gateway-bin {spec}' for spec in a.gateway_bin)}{' --tenants' if a.tenants else ''}{' --prefix-index' if a.prefix_index else ''}{f' --body-kb {a.body_kb:g}' if a.body_kb else ''}{' --tracing' if a.tracing else ''}`...); "
+      f"{''.join(f' --gateway-bin {spec}' for spec in a.gateway_bin)}{' --tenants' if a.tenants else ''}{' --prefix-index' if a.prefix_index else ''}{f' --body-kb {a.body_kb:g}' if a.body_kb else ''}{' --tracing' if a.tracing else ''}{f' --backends {a.backends}' if a.backends != 4 else ''}`...); "
       f"total run time {elapsed / 60:.1f} min")
     w("")
     w("## Saturated throughput")
@@ -829,6 +839,10 @@ def render(a, T, targets, sat, paced, sse, rss, bins, elapsed, failures) -> str:
     if "gateway-index" in sat:
         w("- `gateway-index`: `gateway` plus `routing.prefix_index: {cache_tokens: 1048576}`: every keyed request's "
           "prompt cut into chained blocks, looked up in the index and recorded at its backend (routing by cost).")
+    for n in (f"gateway-{a.backends}", f"gateway-index-{a.backends}"):
+        if n in sat and a.backends != 4:
+            w(f"- `{n}`: `{n.rsplit('-', 1)[0]}` with {a.backends} backends (ports of the same nginx) under the "
+              "model instead of 4: what routing costs per backend. The 64 keys reach at most 64 of them.")
     if "gateway-tenants" in sat:
         w(f"- `gateway-tenants`: `gateway` plus `gateway.tenants: {{header: {TENANT_HEADER}, list: [{{name: a, weight: 2, "
           f"requests_per_minute: 100000000}}, {{name: b}}]}}`; wrk sends `{TENANT_HEADER}: a` and `b` alternating "

@@ -80,6 +80,24 @@ impl Exclusions {
         self.remaining(addr, now).is_some()
     }
 
+    /// `addr`'s deadline, for [`Exclusions::excludes`] to read without
+    /// looking the backend up.
+    pub fn deadline(&self, addr: &SocketAddr) -> Option<Arc<AtomicU64>> {
+        self.until.get(addr).cloned()
+    }
+
+    /// `now` as the deadlines count time, read once for many
+    /// [`Exclusions::excludes`].
+    pub fn clock(&self, now: Instant) -> u64 {
+        self.millis(now)
+    }
+
+    /// Whether the backend of `deadline` (from [`Exclusions::deadline`]) is
+    /// excluded at `clock` (from [`Exclusions::clock`]).
+    pub fn excludes(deadline: &AtomicU64, clock: u64) -> bool {
+        deadline.load(Ordering::Relaxed) > clock
+    }
+
     /// Time left in `addr`'s exclusion, if it is excluded.
     pub fn remaining(&self, addr: &SocketAddr, now: Instant) -> Option<Duration> {
         let until = self.until.get(addr)?.load(Ordering::Relaxed);

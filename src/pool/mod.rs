@@ -16,6 +16,7 @@ mod refresh;
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
@@ -58,6 +59,15 @@ pub struct Members {
     router: Router,
     exclusions: Arc<Exclusions>,
     backends: HashMap<SocketAddr, Member>,
+    /// What routing reads of each member, in the router's order: a request
+    /// reads every member, so none is looked up by address.
+    ranked: Vec<Ranked>,
+}
+
+struct Ranked {
+    admission: Arc<Admission>,
+    /// Its exclusion deadline in `exclusions`.
+    deadline: Arc<AtomicU64>,
 }
 
 /// One backend's state in a set.
@@ -83,12 +93,16 @@ impl Members {
         // The slot limit only matters to bounded load (and takes a lock
         // when load feedback moves it).
         let bounded = routing.weighs_slots();
-        let status = |addr: &SocketAddr| {
-            let admission = self.admission(addr);
+        let clock = self.exclusions.clock(now);
+        let status = |i: usize| {
+            let Ranked {
+                admission,
+                deadline,
+            } = &self.ranked[i];
             Facts {
-                excluded: self.exclusions.is_excluded(addr, now),
-                load: admission.map_or(0, |a| a.load()),
-                slots: admission.filter(|_| bounded).map_or(0, |a| a.slot_limit()),
+                excluded: Exclusions::excludes(deadline, clock),
+                load: admission.load(),
+                slots: if bounded { admission.slot_limit() } else { 0 },
                 cached_tokens: 0,
             }
         };
@@ -119,6 +133,23 @@ impl Members {
     pub fn addrs(&self) -> &[SocketAddr] {
         self.router.addrs()
     }
+}
+
+/// Each of `router`'s members as routing reads it, in the router's order.
+fn ranked(
+    router: &Router,
+    backends: &HashMap<SocketAddr, Member>,
+    exclusions: &Exclusions,
+) -> Vec<Ranked> {
+    // The router, the members and the exclusions are built from the same
+    // listed addresses: each has every one.
+    let ranked = |a: &SocketAddr| Ranked {
+        admission: backends[a].admission.clone(),
+        deadline: exclusions
+            .deadline(a)
+            .expect("every listed backend has a deadline"),
+    };
+    router.addrs().iter().map(ranked).collect()
 }
 
 /// What a new set changes: the addresses it adds and those it removes.
@@ -153,6 +184,7 @@ impl ModelPool {
             router: Router::new(&model.policy, []),
             exclusions: Arc::new(Exclusions::new(&[], window)),
             backends: HashMap::new(),
+            ranked: Vec::new(),
         }));
         let registry = Arc::new(HealthRegistry::new());
         let service = health.map(|hc| {
@@ -315,10 +347,14 @@ impl ModelPool {
         for addr in &change.removed {
             self.routing.forget(addr);
         }
+        let router = Router::new(self.routing.policy(), listed);
+        let exclusions = Arc::new(old.exclusions.carried_to(&addrs));
+        let ranked = ranked(&router, &backends, &exclusions);
         self.members.store(Arc::new(Members {
-            router: Router::new(self.routing.policy(), listed),
-            exclusions: Arc::new(old.exclusions.carried_to(&addrs)),
+            router,
+            exclusions,
             backends,
+            ranked,
         }));
         change
     }

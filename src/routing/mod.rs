@@ -327,14 +327,25 @@ impl Router {
         &self.addrs
     }
 
-    /// The candidates for a request, best first, each member in the `facts`
-    /// it has for this request; `None` when no member is usable (all
-    /// excluded or tried).
+    /// The position of a member in [`Router::addrs`].
+    pub fn position(&self, addr: &SocketAddr) -> Option<usize> {
+        self.addrs.binary_search(addr).ok()
+    }
+
+    /// [`Router::rank_at`] with each member's facts found by its address.
     pub fn rank(
         &self,
         req: Request,
         facts: impl Fn(&SocketAddr) -> Facts,
     ) -> Option<Vec<Candidate>> {
+        self.rank_at(req, |i| facts(&self.addrs[i]))
+    }
+
+    /// The candidates for a request, best first, each member in the `facts`
+    /// it has for this request (by its position in [`Router::addrs`], so
+    /// that no member is looked up by address); `None` when no member is
+    /// usable (all excluded or tried).
+    pub fn rank_at(&self, req: Request, facts: impl Fn(usize) -> Facts) -> Option<Vec<Candidate>> {
         let Request {
             affinity, tried, ..
         } = req;
@@ -346,7 +357,7 @@ impl Router {
                 Route::RoundRobin,
             ),
         };
-        let facts: Vec<Facts> = order.iter().map(|i| facts(&self.addrs[*i])).collect();
+        let facts: Vec<Facts> = order.iter().map(|i| facts(*i)).collect();
         let usable = |pos: usize| !facts[pos].excluded && !tried.contains(&self.addrs[order[pos]]);
         let first_usable = (0..order.len()).find(|p| usable(*p))?;
         let first = match first_usable == 0 && tried.is_empty() {

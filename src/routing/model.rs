@@ -271,17 +271,17 @@ impl Routing {
     }
 
     /// The candidates for `input` among `router`'s members, each in the
-    /// `status` it has now.
+    /// `status` it has now (by its position in [`Router::addrs`]).
     pub fn route<'a>(
         &'a self,
         router: &Router,
         input: &'a Input,
-        status: impl Fn(&SocketAddr) -> Facts,
+        status: impl Fn(usize) -> Facts,
         now: Instant,
     ) -> Result<Plan<'a>, Unroutable> {
         if let Some(id) = &input.stored {
-            let owner = self.owner(router, id, now)?;
-            if status(&owner).excluded || input.tried.contains(&owner) {
+            let (owner, position) = self.owner(router, id, now)?;
+            if status(position).excluded || input.tried.contains(&owner) {
                 let id = id.clone();
                 return Err(Unroutable::OwnerUnavailable { id, owner });
             }
@@ -312,11 +312,13 @@ impl Routing {
             prompt_tokens: input.chain.len() as u64 * BLOCK_TOKENS,
             rates: self.rates.snapshot(),
         };
-        let facts = |addr: &SocketAddr| Facts {
-            cached_tokens: cached_tokens(&held, *addr),
-            ..status(addr)
+        let facts = |i: usize| Facts {
+            cached_tokens: cached_tokens(&held, router.addrs()[i]),
+            ..status(i)
         };
-        let candidates = router.rank(request, facts).ok_or(Unroutable::NoBackend)?;
+        let candidates = router
+            .rank_at(request, facts)
+            .ok_or(Unroutable::NoBackend)?;
         Ok(self.plan(candidates, held, input, now))
     }
 
@@ -338,15 +340,20 @@ impl Routing {
         }
     }
 
-    /// The backend of `router` that stored response `id`.
-    fn owner(&self, router: &Router, id: &str, now: Instant) -> Result<SocketAddr, Unroutable> {
+    /// The backend of `router` that stored response `id`, and its position.
+    fn owner(
+        &self,
+        router: &Router,
+        id: &str,
+        now: Instant,
+    ) -> Result<(SocketAddr, usize), Unroutable> {
         let owner = self
             .owners
             .get(id, now)
             .ok_or_else(|| Unroutable::OwnerUnknown(id.to_string()))?;
-        match router.addrs().contains(&owner.addr) {
-            true => Ok(owner.addr),
-            false => Err(Unroutable::OwnerUnavailable {
+        match router.position(&owner.addr) {
+            Some(position) => Ok((owner.addr, position)),
+            None => Err(Unroutable::OwnerUnavailable {
                 id: id.to_string(),
                 owner: owner.addr,
             }),
@@ -431,8 +438,12 @@ mod tests {
         input: &Input,
         busy: Option<SocketAddr>,
     ) -> Candidate {
-        let status = |a: &SocketAddr| Facts {
-            load: if Some(*a) == busy { 5 } else { 0 },
+        let status = |i: usize| Facts {
+            load: if Some(router.addrs()[i]) == busy {
+                5
+            } else {
+                0
+            },
             ..Facts::default()
         };
         let plan = routing
@@ -530,8 +541,10 @@ mod tests {
         input: &Input,
         busy: Option<(SocketAddr, usize)>,
     ) -> (Candidate, Option<u64>) {
-        let status = |a: &SocketAddr| Facts {
-            load: busy.filter(|(b, _)| b == a).map_or(0, |(_, l)| l),
+        let status = |i: usize| Facts {
+            load: busy
+                .filter(|(b, _)| *b == router.addrs()[i])
+                .map_or(0, |(_, l)| l),
             slots: 4,
             ..Facts::default()
         };
@@ -640,7 +653,7 @@ mod tests {
                 .input(None, false, Api::Responses, "{}".into())
                 .with_stored(Some(id.into()))
         };
-        let idle = |_: &SocketAddr| Facts::default();
+        let idle = |_: usize| Facts::default();
         let input = stored("resp_1");
         let unknown = routing.route(&router, &input, idle, t).err();
         assert_eq!(unknown, Some(Unroutable::OwnerUnknown("resp_1".into())));
@@ -653,8 +666,8 @@ mod tests {
         }];
         assert_eq!(plan.candidates, only);
         // Excluded, or failed this request: never another backend.
-        let excluded = |a: &SocketAddr| Facts {
-            excluded: *a == owner,
+        let excluded = |i: usize| Facts {
+            excluded: router.addrs()[i] == owner,
             ..Facts::default()
         };
         let unavailable = Some(Unroutable::OwnerUnavailable {

@@ -13,16 +13,36 @@
 //!
 //! Backends are ranked by score, highest first (ties by address); the first
 //! one that is usable serves the request, the next ones are the fallbacks.
+//! Only the [`ORDERED`] best are ordered by score; the others follow in
+//! address order, as every replica orders them.
 
-use xxhash_rust::xxh3::Xxh3Default;
+use xxhash_rust::xxh3::xxh3_64;
 
 /// The rendezvous hash of one (key, backend address) pair.
 pub fn pair_hash(key: &[u8], address: &str) -> u64 {
-    let mut h = Xxh3Default::new();
-    h.update(key);
-    h.update(&[0]);
-    h.update(address.as_bytes());
-    h.digest()
+    let mut pair = Pair::new(key);
+    pair.hash(address)
+}
+
+/// `key ‖ 0x00`, kept while every address is hashed after it: one buffer
+/// and one-shot hashes (as fast as xxh3 gets on short input) per ranking.
+struct Pair(Vec<u8>);
+
+impl Pair {
+    fn new(key: &[u8]) -> Self {
+        let mut buf = Vec::with_capacity(key.len() + 48);
+        buf.extend_from_slice(key);
+        buf.push(0);
+        Pair(buf)
+    }
+
+    fn hash(&mut self, address: &str) -> u64 {
+        let key_len = self.0.len();
+        self.0.extend_from_slice(address.as_bytes());
+        let h = xxh3_64(&self.0);
+        self.0.truncate(key_len);
+        h
+    }
 }
 
 /// Weighted rendezvous score of a pair hash: `-weight / ln(u)`.
@@ -31,16 +51,50 @@ pub fn score(hash: u64, weight: u32) -> f64 {
     -f64::from(weight) / u.ln()
 }
 
-/// Indices of `backends` (address, weight) from the best score to the worst.
+/// How many of the best scores a ranking orders; the other backends
+/// follow them in address order. A request only ever needs its first
+/// usable backend and a few fallbacks: ordering every backend of a large
+/// pool would cost every request a sort.
+pub const ORDERED: usize = 8;
+
+/// Indices of `backends` (address, weight): the [`ORDERED`] best scores
+/// from the best down (equal scores in address order), then the others in
+/// address order.
 pub fn rank(key: &[u8], backends: &[(String, u32)]) -> Vec<usize> {
-    let mut scored: Vec<(f64, usize)> = backends
-        .iter()
-        .enumerate()
-        .map(|(i, (addr, w))| (score(pair_hash(key, addr), *w), i))
-        .collect();
-    // Descending score; equal scores keep the (sorted) address order.
-    scored.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-    scored.into_iter().map(|(_, i)| i).collect()
+    let mut pair = Pair::new(key);
+    let equal = backends.windows(2).all(|w| w[0].1 == w[1].1);
+    // As integers that order as the scores do: with equal weights the score
+    // rises with u, and u with the hash's top 53 bits (no logarithm per
+    // backend); a positive float's bits order as the float does.
+    let mut ordered: Vec<(u64, usize)> = Vec::with_capacity(ORDERED + 1);
+    for (i, (addr, weight)) in backends.iter().enumerate() {
+        let h = pair.hash(addr);
+        let s = if equal {
+            h >> 11
+        } else {
+            score(h, *weight).to_bits()
+        };
+        // Strictly better than the last kept: of equal scores the earlier
+        // address stays ahead.
+        if ordered.len() == ORDERED && ordered.last().is_some_and(|(last, _)| s <= *last) {
+            continue;
+        }
+        let at = ordered.partition_point(|(kept, _)| *kept >= s);
+        ordered.insert(at, (s, i));
+        ordered.truncate(ORDERED);
+    }
+    let mut out = Vec::with_capacity(backends.len());
+    out.extend(ordered.iter().map(|(_, i)| *i));
+    // The rest: the runs of addresses between the ordered ones.
+    let mut taken: Vec<usize> = out.clone();
+    taken.sort_unstable();
+    let mut from = 0;
+    for t in taken {
+        out.extend(from..t);
+        from = t + 1;
+    }
+    out.extend(from..backends.len());
+    out
 }
 
 #[cfg(test)]
@@ -154,5 +208,27 @@ mod tests {
             .count();
         // Weighted HRW gives weight share 3/4.
         assert!((7100..=7900).contains(&heavy), "heavy got {heavy}");
+    }
+
+    #[test]
+    fn the_best_scores_come_in_order_then_the_rest_by_address() {
+        for weighted in [false, true] {
+            let mut backends = addrs(20);
+            if weighted {
+                backends[3].1 = 3;
+                backends[11].1 = 2;
+            }
+            for k in 0..500 {
+                let key = format!("key-{k}");
+                let s = |i: usize| score(pair_hash(key.as_bytes(), &backends[i].0), backends[i].1);
+                let mut by_score: Vec<usize> = (0..backends.len()).collect();
+                by_score.sort_by(|a, b| s(*b).total_cmp(&s(*a)).then(a.cmp(b)));
+                let mut expected = by_score[..ORDERED].to_vec();
+                let mut rest = by_score[ORDERED..].to_vec();
+                rest.sort();
+                expected.extend(rest);
+                assert_eq!(rank(key.as_bytes(), &backends), expected, "{key}");
+            }
+        }
     }
 }
