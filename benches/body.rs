@@ -1,14 +1,14 @@
-//! Cost of finding a request's conversation under bounded load (the head
-//! of its messages, `routing::Policy::conversation`), against what every
-//! request already pays: `body::inspect` (finding `model`) and a plain copy
-//! of the body.
+//! Cost of cutting a request's prompt into the prefix index's chain of
+//! blocks (`routing::chain`, with `routing.prefix_index`), against what
+//! every request already pays: `body::inspect` (finding `model`) and a
+//! plain copy of the body.
 //!
 //! `cargo bench --bench body`
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use poimen_gateway::api::Api;
 use poimen_gateway::body;
-use poimen_gateway::routing::Policy;
+use poimen_gateway::routing::chain;
 use serde_json::json;
 
 const CHAT: Api = Api::ChatCompletions;
@@ -31,10 +31,6 @@ fn agent_turn(system: usize, turns: usize) -> Vec<u8> {
 }
 
 fn bench(c: &mut Criterion) {
-    let policy = Policy {
-        balance_factor: Some(1.2),
-        ..Policy::default()
-    };
     let mut g = c.benchmark_group("body");
     for (name, body) in [
         ("1k", agent_turn(200, 1)),
@@ -48,8 +44,8 @@ fn bench(c: &mut Criterion) {
         g.bench_with_input(BenchmarkId::new("inspect", name), &body, |b, body| {
             b.iter(|| body::inspect(body).map(|i| i.stream).unwrap())
         });
-        g.bench_with_input(BenchmarkId::new("conversation", name), &body, |b, body| {
-            b.iter(|| policy.conversation(b"session-1", CHAT, body).unwrap())
+        g.bench_with_input(BenchmarkId::new("chain", name), &body, |b, body| {
+            b.iter(|| chain::of(CHAT, body))
         });
     }
     g.finish();

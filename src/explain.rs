@@ -74,9 +74,7 @@ pub fn explain(model: &ModelConfig, entries: &Entries, query: Query) -> Vec<Stri
         lines.push(format!("{name} resolves to {addrs}"));
     }
     lines.extend(match affinity {
-        Affinity::Key(key) | Affinity::Derived(key) => {
-            ranked(&members, model, &router, affinity, key)
-        }
+        Affinity::Key(key) | Affinity::Derived(key) => ranked(&members, &router, affinity, key),
         Affinity::None => round_robin(&members, &router),
     });
     if policy.prefix_index.is_some() {
@@ -97,7 +95,6 @@ pub fn explain(model: &ModelConfig, entries: &Entries, query: Query) -> Vec<Stri
 /// The rendezvous order for `key` (which `affinity` carries), best first.
 fn ranked(
     members: &[(SocketAddr, u32)],
-    model: &ModelConfig,
     router: &Router,
     affinity: Affinity,
     key: &[u8],
@@ -122,11 +119,6 @@ fn ranked(
             "{:>4}  {:<width$}  {w:>6}  {score:>10.4}  {note}",
             i + 1,
             c.addr
-        ));
-    }
-    if let Some(f) = model.policy.balance_factor {
-        lines.push(format!(
-            "balance_factor {f}: under load, a backend at its cap with no free slot is passed over for the next; a conversation so moved stays there while it has room"
         ));
     }
     lines
@@ -375,10 +367,6 @@ mod tests {
                 "next if the ones above fail"
             ]
         );
-        assert!(!lines.iter().any(|l| l.contains("balance_factor")));
-        let m = model("  routing: {balance_factor: 1.5}\n");
-        let lines = explain(&m, &entries(&m), Query::Key("k"));
-        assert!(lines.last().unwrap().starts_with("balance_factor 1.5:"));
     }
 
     #[test]

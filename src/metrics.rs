@@ -323,16 +323,6 @@ pub fn register_slot_limits(models: Vec<(String, Reading)>) {
     );
 }
 
-/// `poimen_gateway_moved_conversations{model,backend}`: conversations
-/// bounded load moved to the backend and keeps there (`routing::moves`).
-pub fn register_moves(models: Vec<(String, Reading)>) {
-    register_scrape_gauge(
-        "poimen_gateway_moved_conversations",
-        "Conversations bounded load moved off their first choice to this backend, and keeps there while it has room (not idle for 10 min)",
-        models,
-    );
-}
-
 /// `poimen_gateway_prefix_index_tokens{model,backend}`: the prompt tokens
 /// the prefix index takes the backend to hold (`routing::index`).
 pub fn register_prefix_index(models: Vec<(String, Reading)>) {

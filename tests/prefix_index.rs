@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
+use poimen_gateway::routing::rendezvous::rank;
+
 use crate::support::metrics::{sample, scrape};
 use crate::support::sim::Sim;
 use crate::support::{client, header, Gateway};
@@ -40,13 +42,17 @@ struct Answer {
 
 /// One keyless turn through `gw`.
 async fn turn(gw: &Gateway, name: &str, turn_no: usize) -> Answer {
+    send(gw, name, turn_no, None).await
+}
+
+/// One turn through `gw`, under `X-Poimen-Cache-Key: key` if given.
+async fn send(gw: &Gateway, name: &str, turn_no: usize, key: Option<&str>) -> Answer {
     let body = json!({"model": "m", "messages": messages(name, turn_no), "max_tokens": 4});
-    let resp = client()
-        .post(gw.url("/v1/chat/completions"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let mut req = client().post(gw.url("/v1/chat/completions")).json(&body);
+    if let Some(key) = key {
+        req = req.header("X-Poimen-Cache-Key", key);
+    }
+    let resp = req.send().await.unwrap();
     assert_eq!(resp.status(), 200, "{name} turn {turn_no}");
     let (backend, route) = (
         header(&resp, "x-poimen-backend"),
@@ -199,4 +205,42 @@ async fn a_hot_conversation_spreads_when_waiting_costs_more_than_a_prefill() {
     // Most stayed where the prefix was, or followed it where it moved.
     let at_home = served.len() - moved;
     assert!(at_home > 0, "{served:?}");
+}
+
+/// Two gateways with the same configuration, sharing the sims and nothing
+/// else, route every conversation alike: a new one on idle backends to its
+/// key's rendezvous choice, its next turns where its prefix is.
+#[tokio::test(flavor = "multi_thread")]
+async fn two_gateways_sharing_no_state_agree_on_every_conversation() {
+    let sims = Sim::start_n(4, "m");
+    let conf = config(&sims, 4);
+    let (a, b) = tokio::join!(Gateway::start(&conf), Gateway::start(&conf));
+    let mut members: Vec<SocketAddr> = sims.iter().map(|s| s.addr).collect();
+    members.sort();
+    let members: Vec<(String, u32)> = members.iter().map(|a| (a.to_string(), 1)).collect();
+    let mut used = std::collections::HashSet::new();
+    for c in 0..12 {
+        let (name, key) = (format!("agent{c}"), format!("session-{c}"));
+        let first = &members[rank(key.as_bytes(), &members)[0]].0;
+        for turn_no in 1..=2 {
+            let on_a = send(&a, &name, turn_no, Some(&key)).await;
+            let on_b = send(&b, &name, turn_no, Some(&key)).await;
+            let what = format!("{name} turn {turn_no}");
+            assert_eq!(
+                (&on_a.backend, on_a.route.as_str()),
+                (first, "hash"),
+                "{what}"
+            );
+            assert_eq!(
+                (&on_b.backend, on_b.route.as_str()),
+                (first, "hash"),
+                "{what}"
+            );
+            if turn_no == 2 {
+                assert!(on_a.expected >= 2000 && on_b.expected >= 2000, "{what}");
+            }
+        }
+        used.insert(first.clone());
+    }
+    assert!(used.len() > 1, "the keys spread: {used:?}");
 }

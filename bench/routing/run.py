@@ -70,14 +70,9 @@ restarted before each: cold caches; gateway max_num_seqs 4 (= the sims'
   key             X-Poimen-Cache-Key = session id: rendezvous; max_queue_depth 20
   key-q2          the same keys, max_queue_depth 2, overflow reject
   spill-q2        the same keys, max_queue_depth 2, scheduler.overflow: spill
-  bounded-1.2     the same keys, max_queue_depth 20, routing.balance_factor 1.2
-  bounded-1.25    the same keys, max_queue_depth 20, routing.balance_factor 1.25
-  bounded-1.5     the same keys, max_queue_depth 20, routing.balance_factor 1.5
   prefix          no header, routing.keyless: prefix; max_queue_depth 20
-  prefix-bounded  no header, routing.keyless: prefix, balance_factor 1.2
   system          no header, routing.keyless: system (the key covers the
                   messages before the first user one: the system message)
-  system-bounded  no header, routing.keyless: system, balance_factor 1.2
   cost            the same keys, routing.prefix_index (cache_tokens = the
                   sims' --kv-cache-tokens): by cost over the prefix index
   cost-no-key     no header, round-robin order, routing.prefix_index
@@ -421,15 +416,8 @@ MODES = {
     "key": {"key": True, "queue": "large", "overflow": "reject", "routing": None},
     "key-q2": {"key": True, "queue": "small", "overflow": "reject", "routing": None},
     "spill-q2": {"key": True, "queue": "small", "overflow": "spill", "routing": None},
-    "bounded-1.2": {"key": True, "queue": "large", "overflow": "reject", "routing": {"balance_factor": 1.2}},
-    "bounded-1.25": {"key": True, "queue": "large", "overflow": "reject", "routing": {"balance_factor": 1.25}},
-    "bounded-1.5": {"key": True, "queue": "large", "overflow": "reject", "routing": {"balance_factor": 1.5}},
     "prefix": {"key": False, "queue": "large", "overflow": "reject", "routing": {"keyless": "prefix"}},
-    "prefix-bounded": {"key": False, "queue": "large", "overflow": "reject",
-                       "routing": {"keyless": "prefix", "balance_factor": 1.2}},
     "system": {"key": False, "queue": "large", "overflow": "reject", "routing": {"keyless": "system"}},
-    "system-bounded": {"key": False, "queue": "large", "overflow": "reject",
-                       "routing": {"keyless": "system", "balance_factor": 1.2}},
     # routing.prefix_index: cache_tokens is filled in with the sims' own
     # --kv-cache-tokens (gateway_config).
     "cost": {"key": True, "queue": "large", "overflow": "reject", "routing": {"prefix_index": {}}},
@@ -1045,7 +1033,8 @@ def render(a, kv, base, workloads, heads, oracles, med, runs, modes, variants, r
     w("session-0 is the hot session in `hot`, the rank-1 session in `zipf`, an ordinary one in `uniform` and "
       "`few`. 503s are 503 `queue_full` answers (counted, not retried). Routes: `hash` = a key's first "
       "rendezvous choice, `round_robin` = no key, `spill` = past a full backend (overflow: spill), `balance` = "
-      "past a backend over the bounded-load limit, `prefix` = a key derived from the body, `fallback` = past an "
+      "moved off the backend holding the prompt by the cost rule, `cache` = the backend holding the prompt, not the "
+      "order's first, `prefix` = a key derived from the body, `fallback` = past an "
       "excluded backend; a peer sends none (—; its turns are `(router)` below). TTFT and req/s count answered requests only, so a mode that refuses work (key-q2) "
       "looks faster than one that queues it (key): read TTFT together with the 503 column.")
     w("")

@@ -7,7 +7,6 @@ use serde::Deserialize;
 
 use super::address::{self, AddressFile, BackendConfig, Target};
 use super::entries::Entry;
-use super::routing::BALANCE_FACTOR;
 use super::scheduler::{NUM_SEQS, QUEUE_DEPTH};
 use crate::admission::{Fleet, Limits};
 use crate::field::{invalid, Invalid};
@@ -27,8 +26,6 @@ pub struct ModelFile {
     max_num_seqs: Option<u64>,
     /// Overrides `scheduler.max_queue_depth` for this model's backends.
     max_queue_depth: Option<u64>,
-    /// Overrides `routing.balance_factor` for this model.
-    balance_factor: Option<f64>,
 }
 
 #[derive(Debug, Clone)]
@@ -149,15 +146,7 @@ fn validate_model(
     // Divided here, once, after a model's own limits replaced the defaults,
     // so both are shared alike.
     let limits = configured.shared_by(replicas);
-    let mut policy = routing.clone();
-    if let Some(f) = m.balance_factor {
-        let at = format!("{path}.balance_factor");
-        if policy.prefix_index.is_some() {
-            let why = "bounded load and routing.prefix_index's cost rule are alternatives";
-            return Err(crate::field::invalid(at, f, why));
-        }
-        policy.balance_factor = Some(BALANCE_FACTOR.check(&at, f)?);
-    }
+    let policy = routing.clone();
     Ok(ModelConfig {
         name: m.name,
         backends,

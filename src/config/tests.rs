@@ -440,7 +440,6 @@ fn routing_defaults_overrides_and_bounds() {
     assert_eq!(
         c.models[0].policy,
         Policy {
-            balance_factor: None,
             prefix_index: None,
             keyless: Keyless::RoundRobin,
             keyless_prefix_bytes: 2048,
@@ -449,48 +448,33 @@ fn routing_defaults_overrides_and_bounds() {
     let c = GatewayConfig::from_yaml(
         r#"
 gateway:
-  routing: {balance_factor: 1.25, keyless: prefix, keyless_prefix_bytes: 512}
+  routing: {keyless: prefix, keyless_prefix_bytes: 512}
   models:
     - {name: a, address: "127.0.0.1:1"}
-    - {name: b, address: "127.0.0.1:2", balance_factor: 1.5}
+    - {name: b, address: "127.0.0.1:2"}
 "#,
     )
     .unwrap();
     let (a, b) = (&c.models[0].policy, &c.models[1].policy);
-    assert_eq!(a.balance_factor, Some(1.25));
-    assert_eq!(b.balance_factor, Some(1.5));
     let prefix = Keyless::Derived(crate::routing::prefix::Head::FirstUser);
     assert_eq!((a.keyless, b.keyless), (prefix, prefix));
     assert_eq!(a.keyless_prefix_bytes, 512);
     for (extra, want) in [
-        (
-            "  routing: {balance_factor: 1.0}\n",
-            "gateway.routing.balance_factor = 1.0: must be above 1.0 and at most 10.0",
-        ),
-        (
-            "  routing: {balance_factor: 10.5}\n",
-            "gateway.routing.balance_factor = 10.5",
-        ),
-        (
-            "  routing: {balance_factor: .nan}\n",
-            "gateway.routing.balance_factor = NaN",
-        ),
         ("  routing: {keyless: random}\n", "unknown variant `random`"),
         (
             "  routing: {keyless_prefix_bytes: 0}\n",
             "gateway.routing.keyless_prefix_bytes = 0: must be between 1 and 1048576",
         ),
         ("  routing: {balance: 2}\n", "unknown field `balance`"),
+        // Routing by cost replaced bounded load.
+        (
+            "  routing: {balance_factor: 1.25}\n",
+            "unknown field `balance_factor`",
+        ),
     ] {
         let got = err(&format!("{MINIMAL}{extra}"));
         assert!(got.contains(want), "got {got}, want {want}");
     }
-    let got =
-        err("gateway:\n  models: [{name: m, address: \"127.0.0.1:1\", balance_factor: 0.5}]\n");
-    assert!(
-        got.contains("gateway.models[0].balance_factor = 0.5"),
-        "{got}"
-    );
 }
 
 #[test]

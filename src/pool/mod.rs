@@ -90,7 +90,7 @@ impl Members {
     ) -> Result<Plan<'a>, Unroutable> {
         // The health check's verdict is not used to exclude: a slow /health
         // on a busy backend must not take it out. Only real failures do.
-        // The slot limit only matters to bounded load (and takes a lock
+        // The slot limit only matters to the cost rule (and takes a lock
         // when load feedback moves it).
         let bounded = routing.weighs_slots();
         let clock = self.exclusions.clock(now);
@@ -258,13 +258,6 @@ impl ModelPool {
                 .filter_map(|a| Some((*a, limit(a)?)))
                 .collect()
         })
-    }
-
-    /// How many conversations bounded load moved to each current backend
-    /// (for the metric).
-    pub fn moved_reading(&self) -> metrics::Reading {
-        let (members, counts) = (self.members.clone(), self.routing.moved_counts());
-        Arc::new(move |now| counts(members.load().addrs(), now))
     }
 
     /// The prompt tokens the prefix index takes each current backend to

@@ -4,7 +4,6 @@ use prometheus::core::Collector;
 use crate::admission::{Class, Tenant};
 use crate::config::{BackendConfig, DiscoveryConfig, Target};
 use crate::discovery::Entries;
-use bytes::Bytes;
 use http::HeaderValue;
 
 use crate::api::Api;
@@ -203,7 +202,7 @@ fn an_excluded_backend_falls_back_then_returns_after_the_window() {
     let routing = routing();
     let best = |t| {
         let key = Some(HeaderValue::from_static("k1"));
-        let input = routing.input(key, false, Api::ChatCompletions, Bytes::new());
+        let input = routing.input(key, false, Api::ChatCompletions, b"");
         p.route(&routing, &input, t).unwrap().candidates[0]
     };
     let first = best(now);
@@ -223,7 +222,7 @@ fn all_excluded_reports_the_earliest_return() {
     p.exclusions()
         .exclude(p.addrs()[1], now + Duration::from_secs(10));
     let routing = routing();
-    let input = routing.input(None, false, Api::ChatCompletions, Bytes::new());
+    let input = routing.input(None, false, Api::ChatCompletions, b"");
     let later = now + Duration::from_secs(10);
     let Err(Unroutable::NoBackend) = p.route(&routing, &input, later) else {
         panic!("every backend is excluded");

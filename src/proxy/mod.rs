@@ -126,16 +126,12 @@ impl Gateway {
         let started = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
-        let readings = |read: fn(&ModelPool) -> metrics::Reading, bounded_only: bool| {
-            pools
-                .values()
-                .filter(|p| !bounded_only || p.routing.bounded())
-                .map(|p| (p.name.clone(), read(p)))
-                .collect()
+        let readings = |read: fn(&ModelPool) -> metrics::Reading| {
+            let pools = pools.values();
+            pools.map(|p| (p.name.clone(), read(p))).collect()
         };
-        metrics::register_exclusions(readings(ModelPool::exclusion_reading, false));
-        metrics::register_slot_limits(readings(ModelPool::slot_limit_reading, false));
-        metrics::register_moves(readings(ModelPool::moved_reading, true));
+        metrics::register_exclusions(readings(ModelPool::exclusion_reading));
+        metrics::register_slot_limits(readings(ModelPool::slot_limit_reading));
         let indexed = pools.values();
         let indexed = indexed.filter_map(|p| Some((p.name.clone(), p.prefix_index_reading()?)));
         metrics::register_prefix_index(indexed.collect());
@@ -254,7 +250,7 @@ impl Gateway {
         } else {
             raw
         };
-        let input = (pool.routing.input(cache_key, warmup, api, body.clone()))
+        let input = (pool.routing.input(cache_key, warmup, api, &body))
             .with_stored(continues)
             .with_chain(chain);
         if warmup {
@@ -299,8 +295,7 @@ impl Gateway {
         let pools: Vec<&Arc<ModelPool>> = self.pools_in_order().collect();
         let pool = until_client_leaves(session, self.stored_owner(&id, &pools)).await??;
         let held = self.serve(ctx, &pool, tenant)?;
-        let input =
-            (pool.routing.input(None, false, Api::Stored, body.clone())).with_stored(Some(id));
+        let input = (pool.routing.input(None, false, Api::Stored, &body)).with_stored(Some(id));
         let attempt = self.admit(session, &pool, &input, tenant.share()).await?;
         ctx.phase = Phase::Routed(Box::new(Routed {
             pool,

@@ -25,10 +25,6 @@
 //!   (`prefix.rs`), ranked the same way, route `prefix`;
 //! - no key otherwise: weighted round-robin (`round_robin.rs`), route
 //!   `round_robin`;
-//! - `balance_factor` set: a keyed request (not a warmup) passes over a
-//!   backend whose load is at its cap and that has no free slot
-//!   (`bounded.rs`), route `balance`; a conversation so moved stays where
-//!   it was moved while that backend is under its cap (`moves.rs`);
 //! - `prefix_index` set: the backend holding most of the prompt
 //!   (`index.rs`, `chain.rs`), route `cache`, unless another costs clearly
 //!   less (`cost.rs`: a cold prefill against the wait for a slot), route
@@ -64,12 +60,10 @@
 //! 6. unit tests beside it, an integration test in `tests/routing.rs` (or
 //!    a file of its own), its section in `docs/routing-and-admission.md`.
 
-mod bounded;
 pub mod chain;
 pub mod cost;
 pub mod index;
 mod model;
-mod moves;
 pub mod owners;
 pub mod prefix;
 pub mod rendezvous;
@@ -150,22 +144,13 @@ pub struct Request<'a> {
     pub affinity: Affinity<'a>,
     /// Backends this request already failed on.
     pub tried: &'a [SocketAddr],
-    pub balance: Balance,
+    /// Whether load may move it off the backend that holds its prompt (a
+    /// warmup may not).
+    pub movable: bool,
     /// Its prompt's tokens, as its chain counts them (`chain.rs`).
     pub prompt_tokens: u64,
     /// The model's rates now (`cost.rs`).
     pub rates: cost::Snapshot,
-}
-
-/// Whether load may move a request (`balance_factor`, or the cost rule).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Balance {
-    /// It stays on its key's first usable backend (under the cost rule:
-    /// where most of its prompt is), whatever the load.
-    Fixed,
-    /// It may pass over a backend at its cap; `moved_to`: where its
-    /// conversation was last moved (`moves.rs`), tried first.
-    Movable { moved_to: Option<SocketAddr> },
 }
 
 impl<'a> Request<'a> {
@@ -173,7 +158,7 @@ impl<'a> Request<'a> {
         Request {
             affinity,
             tried,
-            balance: Balance::Movable { moved_to: None },
+            movable: true,
             prompt_tokens: 0,
             rates: cost::Snapshot::default(),
         }
@@ -209,10 +194,8 @@ pub struct Candidate {
 /// Per-model routing settings.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Policy {
-    /// Bounded-load rendezvous for keyed requests; `None`: pure rendezvous.
-    pub balance_factor: Option<f64>,
     /// Route by cost over a prefix index (`cost.rs`, `index.rs`); `None`:
-    /// no index. Never with `balance_factor`.
+    /// no index (rendezvous or round-robin alone).
     pub prefix_index: Option<IndexSize>,
     /// How requests without a key are routed.
     pub keyless: Keyless,
@@ -265,22 +248,6 @@ impl Policy {
             None => Vec::new(),
         }
     }
-
-    /// The conversation (`moves.rs`) of a request with affinity `key` and
-    /// `body`, when bounded load may move it.
-    pub fn conversation(&self, key: &[u8], api: Api, body: &[u8]) -> Option<u64> {
-        self.balance_factor?;
-        let head = prefix::derive(
-            api,
-            body,
-            prefix::Head::FirstUser,
-            self.keyless_prefix_bytes,
-        );
-        Some(moves::conversation(
-            key,
-            head.as_ref().map(|h| h.as_bytes()),
-        ))
-    }
 }
 
 /// How a ranking's choice is made among the usable members, in order.
@@ -288,8 +255,6 @@ impl Policy {
 pub enum Choice {
     /// The first.
     First,
-    /// Bounded load (`bounded.rs`): the first under its cap.
-    Bounded(f64),
     /// The cost rule (`cost.rs`).
     Cost,
 }
@@ -309,10 +274,9 @@ impl Router {
     pub fn new(policy: &Policy, members: impl IntoIterator<Item = (SocketAddr, u32)>) -> Self {
         let mut members: Vec<(SocketAddr, u32)> = members.into_iter().collect();
         members.sort();
-        let choice = match (policy.prefix_index, policy.balance_factor) {
-            (Some(_), _) => Choice::Cost,
-            (None, Some(f)) => Choice::Bounded(f),
-            (None, None) => Choice::First,
+        let choice = match policy.prefix_index {
+            Some(_) => Choice::Cost,
+            None => Choice::First,
         };
         Router {
             choice,
@@ -365,7 +329,7 @@ impl Router {
             false => Route::Fallback,
         };
         let (chosen, route) = self
-            .choose(&req, &order, &facts, usable, first_usable)
+            .choose(&req, &facts, usable, first_usable)
             .unwrap_or((first_usable, first));
         let mut out = Vec::with_capacity(order.len());
         out.push(Candidate {
@@ -388,58 +352,20 @@ impl Router {
     fn choose(
         &self,
         req: &Request,
-        order: &[usize],
         facts: &[Facts],
         usable: impl Fn(usize) -> bool,
         first_usable: usize,
     ) -> Option<(usize, Route)> {
-        match (self.choice, req.balance) {
-            (Choice::First, _) => None,
-            (Choice::Cost, balance) => {
-                let movable = balance != Balance::Fixed;
-                match cost::choose(req.rates, req.prompt_tokens, facts, usable, movable)? {
+        match self.choice {
+            Choice::First => None,
+            Choice::Cost => {
+                match cost::choose(req.rates, req.prompt_tokens, facts, usable, req.movable)? {
                     cost::Pick::Home(p) if p == first_usable => None,
                     cost::Pick::Home(p) => Some((p, Route::Cache)),
                     cost::Pick::Moved { to, .. } => Some((to, Route::Balance)),
                 }
             }
-            (Choice::Bounded(_), _) if matches!(req.affinity, Affinity::None) => None,
-            (Choice::Bounded(_), Balance::Fixed) => None,
-            (Choice::Bounded(factor), Balance::Movable { moved_to }) => {
-                let moved_to =
-                    moved_to.and_then(|a| order.iter().position(|i| self.addrs[*i] == a));
-                let p = self.first_under_cap(factor, order, facts, usable, moved_to)?;
-                (p != first_usable).then_some((p, Route::Balance))
-            }
         }
-    }
-
-    /// The position in `order` of the first usable member below its load
-    /// cap (see `bounded.rs`) or with a free slot; `moved_to` first, if it
-    /// is one.
-    fn first_under_cap(
-        &self,
-        factor: f64,
-        order: &[usize],
-        states: &[Facts],
-        usable: impl Fn(usize) -> bool,
-        moved_to: Option<usize>,
-    ) -> Option<usize> {
-        let total_load: usize = states.iter().map(|s| s.load).sum();
-        let total_weight: u64 = order
-            .iter()
-            .zip(states)
-            .filter(|(_, s)| !s.excluded)
-            .map(|(i, _)| u64::from(self.keyed[*i].1))
-            .sum();
-        let eligible = |p: &usize| {
-            let weight = self.keyed[order[*p]].1;
-            let cap = bounded::cap(factor, total_load, weight, total_weight);
-            usable(*p) && states[*p].load < cap.max(states[*p].slots)
-        };
-        moved_to
-            .filter(eligible)
-            .or_else(|| (0..order.len()).find(eligible))
     }
 }
 

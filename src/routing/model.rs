@@ -1,7 +1,7 @@
 //! One model's routing, the entry point the proxy calls: [`Routing`] holds
-//! the model's [`Policy`] and the state routing keeps (moved conversations,
-//! `moves.rs`; the owners of stored responses, `owners.rs`, shared by every
-//! model); [`Input`] is what routing reads of one request, kept for its
+//! the model's [`Policy`] and the state routing keeps (the prefix index and
+//! the cost rule's rates; the owners of stored responses, `owners.rs`, shared
+//! by every model); [`Input`] is what routing reads of one request, kept for its
 //! whole life; [`Routing::route`] ranks the candidates and hands back a
 //! [`Plan`], which the proxy tells which candidate admitted the request, or
 //! says why there is none ([`Unroutable`]). The proxy decides nothing about
@@ -9,19 +9,17 @@
 //! stored, the owner the backends named).
 
 use std::net::SocketAddr;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Instant;
 
-use bytes::Bytes;
 use http::HeaderValue;
 
 use super::chain::BLOCK_TOKENS;
 use super::cost::Rates;
 use super::index::{Held, PrefixIndex};
-use super::moves::Moves;
 use super::owners::{Owner, Owners};
 use super::prefix::DerivedKey;
-use super::{Affinity, Balance, Candidate, Facts, Policy, Request, Route, Router};
+use super::{Affinity, Candidate, Facts, Policy, Request, Route, Router};
 use crate::api::Api;
 
 /// One model's routing policy and the state it keeps across requests and
@@ -29,8 +27,6 @@ use crate::api::Api;
 pub struct Routing {
     model: Arc<str>,
     policy: Policy,
-    /// Where bounded load moved conversations.
-    moves: Arc<Moves>,
     /// What each backend is expected to hold (`routing.prefix_index`).
     index: Option<Arc<PrefixIndex>>,
     /// The rates the cost rule weighs by, learnt from responses.
@@ -53,7 +49,7 @@ pub enum Unroutable {
 }
 
 /// What routing reads of one request: its affinity, whether it is a
-/// warmup, its body (for its conversation) and the backends it failed on.
+/// warmup, its prompt's chain and the backends it failed on.
 pub struct Input {
     /// `X-Poimen-Cache-Key`.
     cache_key: Option<HeaderValue>,
@@ -61,15 +57,10 @@ pub struct Input {
     derived_key: Option<DerivedKey>,
     warmup: bool,
     api: Api,
-    body: Bytes,
     tried: Vec<SocketAddr>,
     /// The stored response this request continues (`previous_response_id`)
     /// or names (a retrieve or cancel): only its owner can serve it.
     stored: Option<String>,
-    /// The conversation bounded load may move, once looked for (it scans
-    /// the body, so only once some conversation has moved or this one
-    /// moves). Set once, from a shared borrow: a retry routes again.
-    conversation: OnceLock<Option<u64>>,
     /// Its prompt's chain (`chain.rs`), when an index is kept.
     chain: Vec<u64>,
 }
@@ -125,21 +116,6 @@ impl Input {
     pub fn failed_on(&mut self, addr: SocketAddr) {
         self.tried.push(addr);
     }
-
-    /// A warmup exists to fill its key's first choice's cache: bounded load
-    /// never moves it, and it belongs to no moved conversation.
-    fn movable(&self) -> bool {
-        !self.warmup
-    }
-
-    fn conversation(&self, policy: &Policy) -> Option<u64> {
-        *self
-            .conversation
-            .get_or_init(|| match (self.movable(), self.affinity().key()) {
-                (true, Some(key)) => policy.conversation(key, self.api, &self.body),
-                _ => None,
-            })
-    }
 }
 
 /// One routing decision: the candidates, best first, and the handle that
@@ -149,10 +125,7 @@ pub struct Plan<'a> {
     /// What the index expects each backend to hold of the prompt.
     held: Vec<Held>,
     index: Option<&'a PrefixIndex>,
-    moves: &'a Moves,
-    policy: &'a Policy,
     input: &'a Input,
-    now: Instant,
 }
 
 impl Plan<'_> {
@@ -164,18 +137,10 @@ impl Plan<'_> {
     }
 
     /// `candidate` gave the request a slot or a queue place: it will
-    /// prefill the prompt (the index), a move for balance is remembered, a
-    /// conversation back on its first choice forgets its move.
+    /// prefill the prompt, so the index takes it to hold it from now on.
     pub fn admitted(self, candidate: Candidate) {
         if let Some(index) = self.index {
             index.insert(candidate.addr, &self.input.chain);
-        }
-        if candidate.route != Route::Balance && self.moves.is_empty() {
-            return;
-        }
-        if let Some(conversation) = self.input.conversation(self.policy) {
-            self.moves
-                .record(conversation, candidate.route, candidate.addr, self.now);
         }
     }
 }
@@ -186,7 +151,6 @@ impl Routing {
     pub fn new(model: Arc<str>, policy: Policy, owners: Arc<Owners>) -> Self {
         Routing {
             model,
-            moves: Arc::default(),
             index: policy
                 .prefix_index
                 .map(|size| Arc::new(PrefixIndex::new(size.backend_blocks, size.max_blocks))),
@@ -200,15 +164,10 @@ impl Routing {
         &self.policy
     }
 
-    /// Whether keyed requests are bounded by load (`balance_factor`).
-    pub fn bounded(&self) -> bool {
-        self.policy.balance_factor.is_some()
-    }
-
-    /// Whether routing weighs load against slots (bounded load, the cost
-    /// rule): then it needs each backend's slot limit.
+    /// Whether routing weighs load against slots (the cost rule): then it
+    /// needs each backend's slot limit.
     pub fn weighs_slots(&self) -> bool {
-        self.bounded() || self.index.is_some()
+        self.index.is_some()
     }
 
     /// The prefix index, when kept (for the metric).
@@ -251,21 +210,19 @@ impl Routing {
         cache_key: Option<HeaderValue>,
         warmup: bool,
         api: Api,
-        body: Bytes,
+        body: &[u8],
     ) -> Input {
         let derived_key = match cache_key {
             Some(_) => None,
-            None => self.policy.derived_key(api, &body),
+            None => self.policy.derived_key(api, body),
         };
         Input {
             cache_key,
             derived_key,
             warmup,
             api,
-            body,
             tried: Vec::new(),
             stored: None,
-            conversation: OnceLock::new(),
             chain: Vec::new(),
         }
     }
@@ -289,18 +246,8 @@ impl Routing {
                 addr: owner,
                 route: Route::Owner,
             }];
-            return Ok(self.plan(candidates, Vec::new(), input, now));
+            return Ok(self.plan(candidates, Vec::new(), input));
         }
-        let balance = if !input.movable() {
-            Balance::Fixed
-        } else if self.moves.is_empty() {
-            Balance::Movable { moved_to: None }
-        } else {
-            let moved_to = input
-                .conversation(&self.policy)
-                .and_then(|c| self.moves.get(c, now));
-            Balance::Movable { moved_to }
-        };
         let held = match &self.index {
             Some(index) if !input.chain.is_empty() => index.lookup(&input.chain),
             _ => Vec::new(),
@@ -308,7 +255,9 @@ impl Routing {
         let request = Request {
             affinity: input.affinity(),
             tried: &input.tried,
-            balance,
+            // A warmup exists to fill its key's first choice's cache: load
+            // never moves it.
+            movable: !input.warmup,
             prompt_tokens: input.chain.len() as u64 * BLOCK_TOKENS,
             rates: self.rates.snapshot(),
         };
@@ -319,7 +268,7 @@ impl Routing {
         let candidates = router
             .rank_at(request, facts)
             .ok_or(Unroutable::NoBackend)?;
-        Ok(self.plan(candidates, held, input, now))
+        Ok(self.plan(candidates, held, input))
     }
 
     fn plan<'a>(
@@ -327,16 +276,12 @@ impl Routing {
         candidates: Vec<Candidate>,
         held: Vec<Held>,
         input: &'a Input,
-        now: Instant,
     ) -> Plan<'a> {
         Plan {
             candidates,
             held,
             index: self.index.as_deref(),
-            moves: &self.moves,
-            policy: &self.policy,
             input,
-            now,
         }
     }
 
@@ -368,13 +313,6 @@ impl Routing {
             addr,
         };
         self.owners.record(id, &owner, now);
-    }
-
-    /// How many conversations bounded load moved to each of `addrs` (for
-    /// the metric); read at scrape time, so it hands out its own handle.
-    pub fn moved_counts(&self) -> impl Fn(&[SocketAddr], Instant) -> Vec<(SocketAddr, i64)> {
-        let moves = self.moves.clone();
-        move |addrs, now| moves.counts(addrs, now)
     }
 }
 
@@ -408,98 +346,6 @@ mod tests {
             .collect()
     }
 
-    fn bounded() -> (Routing, Router) {
-        let policy = Policy {
-            balance_factor: Some(1.25),
-            ..Policy::default()
-        };
-        let router = Router::new(&policy, addrs().into_iter().map(|a| (a, 1)));
-        let owners = Arc::new(Owners::new(16, std::time::Duration::from_secs(60)));
-        (Routing::new("m".into(), policy, owners), router)
-    }
-
-    /// A chat turn of the conversation that starts with `first`.
-    fn turn(routing: &Routing, first: &str, turns: usize, warmup: bool) -> Input {
-        let mut messages = vec![serde_json::json!({"role": "user", "content": first})];
-        for i in 1..turns {
-            messages.push(serde_json::json!({"role": "assistant", "content": i.to_string()}));
-            messages.push(serde_json::json!({"role": "user", "content": "more"}));
-        }
-        let body = serde_json::json!({"model": "m", "messages": messages}).to_string();
-        let key = Some(HeaderValue::from_static("k"));
-        routing.input(key, warmup, Api::ChatCompletions, body.into())
-    }
-
-    /// Route `input` with `busy` holding `load` and every other backend
-    /// idle; admitted at its first candidate, which is returned.
-    fn admit(
-        routing: &Routing,
-        router: &Router,
-        input: &Input,
-        busy: Option<SocketAddr>,
-    ) -> Candidate {
-        let status = |i: usize| Facts {
-            load: if Some(router.addrs()[i]) == busy {
-                5
-            } else {
-                0
-            },
-            ..Facts::default()
-        };
-        let plan = routing
-            .route(router, input, status, Instant::now())
-            .unwrap();
-        let chosen = plan.candidates[0];
-        plan.admitted(chosen);
-        chosen
-    }
-
-    #[test]
-    fn a_moved_conversation_is_remembered_and_followed_by_its_next_turns() {
-        let (routing, router) = bounded();
-        let owner = admit(&routing, &router, &turn(&routing, "q", 1, false), None);
-        assert_eq!(owner.route, Route::Hash);
-        let moved = admit(
-            &routing,
-            &router,
-            &turn(&routing, "q", 1, false),
-            Some(owner.addr),
-        );
-        assert_eq!(moved.route, Route::Balance);
-        // The next turn, with its first choice idle: where it was moved.
-        let next = admit(&routing, &router, &turn(&routing, "q", 2, false), None);
-        assert_eq!((next.addr, next.route), (moved.addr, Route::Balance));
-        // Another conversation of the same key: its own first choice.
-        let other = admit(&routing, &router, &turn(&routing, "other", 1, false), None);
-        assert_eq!(other.route, Route::Hash);
-    }
-
-    #[test]
-    fn a_warmup_is_never_moved_and_never_forgets_a_move() {
-        let (routing, router) = bounded();
-        let owner = admit(&routing, &router, &turn(&routing, "q", 1, false), None).addr;
-        let warmup = admit(
-            &routing,
-            &router,
-            &turn(&routing, "q", 1, true),
-            Some(owner),
-        );
-        assert_eq!((warmup.addr, warmup.route), (owner, Route::Hash));
-        let moved = admit(
-            &routing,
-            &router,
-            &turn(&routing, "q", 1, false),
-            Some(owner),
-        );
-        assert_eq!(moved.route, Route::Balance);
-        // A warmup of the conversation lands on the first choice, which
-        // does not count as the conversation coming back.
-        let warmup = admit(&routing, &router, &turn(&routing, "q", 2, true), None);
-        assert_eq!((warmup.addr, warmup.route), (owner, Route::Hash));
-        let next = admit(&routing, &router, &turn(&routing, "q", 3, false), None);
-        assert_eq!((next.addr, next.route), (moved.addr, Route::Balance));
-    }
-
     fn indexed() -> (Routing, Router) {
         let policy = Policy {
             prefix_index: Some(super::super::IndexSize {
@@ -529,7 +375,7 @@ mod tests {
             .policy
             .chain(api, &crate::body::prompt_of(body.as_bytes()));
         routing
-            .input(key, false, api, body.into())
+            .input(key, false, api, body.as_bytes())
             .with_chain(chain)
     }
 
@@ -646,11 +492,11 @@ mod tests {
 
     #[test]
     fn a_stored_response_is_served_by_its_owner_alone() {
-        let (routing, router) = bounded();
+        let (routing, router) = indexed();
         let t = Instant::now();
         let stored = |id: &str| {
             routing
-                .input(None, false, Api::Responses, "{}".into())
+                .input(None, false, Api::Responses, b"{}")
                 .with_stored(Some(id.into()))
         };
         let idle = |_: usize| Facts::default();

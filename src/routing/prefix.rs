@@ -41,9 +41,10 @@
 //! the system messages alone: right when they carry the session (an agent's
 //! memory context: warmups and sub-agents then land with its turns), wrong
 //! when one fixed system prompt serves every conversation (they would all
-//! share one key; bounded load then spreads them, without per-conversation
-//! affinity). A request with no head (no messages, an empty or non-string
-//! prompt, another endpoint) has no key and is routed round-robin.
+//! share one key; with `routing.prefix_index` the cost rule then spreads
+//! them by load, each turn following its own prompt). A request with no
+//! head (no messages, an empty or non-string prompt, another endpoint) has
+//! no key and is routed round-robin.
 
 use std::borrow::Cow;
 use std::fmt;

@@ -128,11 +128,7 @@ fn ranges() -> BTreeMap<&'static str, String> {
         crate::auth::jwt::config::LEEWAY_SECS,
         crate::auth::jwt::config::JWKS_REFRESH_SECS,
     ];
-    let floats = [
-        discovery::REFRESH_SECS,
-        routing::BALANCE_FACTOR,
-        tracing::SAMPLE_RATIO,
-    ];
+    let floats = [discovery::REFRESH_SECS, tracing::SAMPLE_RATIO];
     let integers = integers.iter().map(|b| (b.keys, b.to_string()));
     let floats = floats.iter().map(|b| (b.keys, b.to_string()));
     integers
