@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""Instructions per request, for the chat path's features: the CPU figures
+of run.py spread over +-20% on a shared machine; valgrind's instruction
+counts do not. Starts the fake backends of run.py (one nginx, 4 ports) and
+each gateway row under `valgrind --tool=callgrind --instr-atstart=no`
+(1 worker thread), warms it up, turns collection on for a wrk run
+(chat.lua, 4 connections), and divides the instructions counted by the
+requests completed meanwhile. Rows: gateway-quiet, gateway-index-quiet
+(the same plus routing.prefix_index). Needs valgrind.
+
+  python3 bench/overhead/instructions.py [--seconds 20] [--keep]   # --keep: the callgrind files stay
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.dont_write_bytecode = True  # no __pycache__ in the work tree
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common as C  # noqa: E402
+import run as R  # noqa: E402
+
+ROWS = {
+    "gateway-quiet": None,
+    "gateway-index-quiet": {"routing": {"prefix_index": {"cache_tokens": 1 << 20}}},
+}
+
+
+def callgrind(procs: C.Procs, bins: Path, wd: Path, name: str, extra: dict | None,
+              backends: list[int], seconds: float) -> tuple[int, int]:
+    """(instructions, requests) over one wrk run of `seconds`."""
+    port = C.free_port()
+    cfg = C.gateway_yaml(wd, name, port, C.free_port(),
+                         [{"name": R.FAKE_MODEL, "addresses": [f"127.0.0.1:{x}" for x in backends]}],
+                         threads=1, scheduler={"max_num_seqs": 4096, "max_queue_depth": 0}, extra=extra)
+    out = wd / f"callgrind.{name}"
+    p = procs.start(name, ["valgrind", "--tool=callgrind", "--instr-atstart=no",
+                           f"--callgrind-out-file={out}", str(bins / "poimen-gateway"), "-c", str(cfg)],
+                    env={**os.environ, "RUST_LOG": "warn"})
+    C.wait_port(port, proc=p, timeout=120)
+    R.run_wrk(port, "chat.lua", 4, 5)  # warm-up: connections, pools, the index
+    subprocess.run(["callgrind_control", "--instr=on", str(p.pid)], check=True, capture_output=True)
+    d = R.run_wrk(port, "chat.lua", 4, seconds)
+    subprocess.run(["callgrind_control", "--instr=off", str(p.pid)], check=True, capture_output=True)
+    subprocess.run(["callgrind_control", "--dump", str(p.pid)], check=True, capture_output=True)
+    time.sleep(2)
+    procs.stop(p)
+    total = 0
+    for f in wd.glob(f"callgrind.{name}*"):
+        m = re.search(r"^totals: (\d+)", f.read_text(errors="replace"), re.M)
+        total = max(total, int(m.group(1))) if m else total
+    if d["errors"] or total == 0:
+        files = {f.name: f.stat().st_size for f in wd.glob("callgrind*")}
+        raise RuntimeError(f"{name}: {d['errors']} errors, {total} instructions; files {files}")
+    return total, d["requests"]
+
+
+def main() -> int:
+    seconds = 20.0
+    if "--seconds" in sys.argv:
+        seconds = float(sys.argv[sys.argv.index("--seconds") + 1])
+    C.signals_raise()
+    C.raise_nofile()
+    bins = C.bin_dir()
+    with C.bench_run("instructions", "--keep" in sys.argv) as (wd, procs):
+        fp = [C.free_port() for _ in range(4)]
+        R.start_nginx(procs, "backends", R.backends_conf(wd, fp), fp[-1])
+        for name, extra in ROWS.items():
+            ir, n = callgrind(procs, bins, wd, name, extra, fp, seconds)
+            print(f"{name}: {ir / n:,.0f} instructions per request ({ir:,} over {n:,} requests)", flush=True)
+        if "--keep" in sys.argv:
+            print(f"callgrind files in {wd} (callgrind_annotate)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
