@@ -44,6 +44,7 @@ fn bench(c: &mut Criterion) {
                 b.iter(|| {
                     let mut req = Request::new(Affinity::Key(b"session-0042"), &[]);
                     req.prompt_tokens = 2048;
+                    req.holders = &[1];
                     router.rank_at(req, facts)
                 })
             });

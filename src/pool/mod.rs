@@ -83,18 +83,18 @@ impl Members {
     /// candidates, best first, leaving out the backends it already failed
     /// on.
     pub fn route<'a>(
-        &self,
+        &'a self,
         routing: &'a Routing,
         input: &'a Input,
         now: Instant,
-    ) -> Result<Plan<'a>, Unroutable> {
+    ) -> Result<Plan<'a, impl Fn(usize) -> Facts + 'a>, Unroutable> {
         // The health check's verdict is not used to exclude: a slow /health
         // on a busy backend must not take it out. Only real failures do.
         // The slot limit only matters to the cost rule (and takes a lock
         // when load feedback moves it).
         let bounded = routing.weighs_slots();
         let clock = self.exclusions.clock(now);
-        let status = |i: usize| {
+        let status = move |i: usize| {
             let Ranked {
                 admission,
                 deadline,

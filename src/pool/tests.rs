@@ -203,7 +203,8 @@ fn an_excluded_backend_falls_back_then_returns_after_the_window() {
     let best = |t| {
         let key = Some(HeaderValue::from_static("k1"));
         let input = routing.input(key, false, Api::ChatCompletions, b"");
-        p.route(&routing, &input, t).unwrap().candidates[0]
+        let first = p.route(&routing, &input, t).unwrap().first();
+        first
     };
     let first = best(now);
     assert_eq!(first.route, Route::Hash);

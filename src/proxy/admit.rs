@@ -59,7 +59,7 @@ impl Gateway {
         }
         let plan = routed.map_err(|why| unroutable(pool, &members, why))?;
         if !input.api().takes_slot() {
-            let candidate = plan.candidates[0];
+            let candidate = plan.first();
             let expected_tokens = plan.expected_tokens(candidate.addr);
             plan.admitted(candidate);
             return Ok(Attempt {
@@ -73,15 +73,15 @@ impl Gateway {
             });
         }
         let tries = match self.config.overflow {
-            Overflow::Spill => plan.candidates.len(),
+            Overflow::Spill => usize::MAX,
             Overflow::Reject => 1,
         };
-        let entered = plan.candidates.iter().take(tries).find_map(|c| {
+        let entered = plan.candidates().take(tries).find_map(|c| {
             let ticket = members.admission(&c.addr)?.try_enter(class, tenant).ok()?;
-            Some((*c, ticket))
+            Some((c, ticket))
         });
         let Some((candidate, ticket)) = entered else {
-            let first = plan.candidates[0].addr;
+            let first = plan.first().addr;
             return Err(refused(pool, &members, &first, tenant, AdmitError::QueueFull).into());
         };
         let expected_tokens = plan.expected_tokens(candidate.addr);

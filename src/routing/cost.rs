@@ -4,6 +4,8 @@
 //! moving is clearly cheaper.
 //!
 //! ```text
+//! b          = a weighed backend: one of the first WEIGHED (8) usable ones of
+//!              the order, or a usable one holding some of the prompt
 //! cost(b) = prefill(b) * (1 + running(b)) + wait(b) + load(b) * CONTENTION * service
 //! prefill(b) = (prompt tokens - tokens b holds) * seconds per uncached token
 //! running(b) = requests holding a slot there: min(load(b), slots(b))
@@ -144,17 +146,11 @@ pub enum Pick {
     Moved { to: usize, from: usize },
 }
 
-/// Of `facts` (in the order's order), the one to choose among the
-/// `usable` positions; `movable`: whether load may move the request (a
-/// warmup only fills its home). None when none is usable.
-pub fn choose(
-    rates: Snapshot,
-    prompt: u64,
-    facts: &[Facts],
-    usable: impl Fn(usize) -> bool,
-    movable: bool,
-) -> Option<Pick> {
-    let positions = || (0..facts.len()).filter(|p| usable(*p));
+/// Of `facts` (usable backends, in the order's order), the one to choose;
+/// `movable`: whether load may move the request (a warmup only fills its
+/// home). None when there is none.
+pub fn choose(rates: Snapshot, prompt: u64, facts: &[Facts], movable: bool) -> Option<Pick> {
+    let positions = || 0..facts.len();
     let held = |p: &usize| {
         let tokens = facts[*p].cached_tokens;
         match tokens as f64 >= MIN_SHARE * prompt as f64 && tokens > 0 {
@@ -205,10 +201,6 @@ mod tests {
         assert!((got - want).abs() < 1e-9, "{got} != {want}");
     }
 
-    fn all(_: usize) -> bool {
-        true
-    }
-
     #[test]
     fn the_cost_is_the_prefill_stalling_the_batch_plus_the_wait_and_the_contention() {
         // 1,000 tokens, 400 held: 0.6 s of prefill, stalling the 3 running
@@ -230,44 +222,38 @@ mod tests {
     #[test]
     fn a_new_conversation_goes_to_the_orders_first_unless_another_is_less_busy() {
         let idle = [facts(0, 0), facts(0, 0), facts(0, 0)];
-        assert_eq!(choose(RATES, 5000, &idle, all, true), Some(Pick::Home(0)));
+        assert_eq!(choose(RATES, 5000, &idle, true), Some(Pick::Home(0)));
         // Every backend holds the shared system prompt: no home for that.
         let shared = [facts(0, 1500), facts(0, 1500), facts(0, 1500)];
-        assert_eq!(choose(RATES, 5000, &shared, all, true), Some(Pick::Home(0)));
+        assert_eq!(choose(RATES, 5000, &shared, true), Some(Pick::Home(0)));
         // Loaded unevenly: the least busy, a warmup too.
         let busy = [facts(1, 1500), facts(0, 1500), facts(2, 1500)];
         let moved = Some(Pick::Moved { to: 1, from: 0 });
-        assert_eq!(choose(RATES, 5000, &busy, all, true), moved);
-        assert_eq!(choose(RATES, 5000, &busy, all, false), moved);
-        // Not usable: the next.
-        let usable = |p: usize| p != 0;
-        assert_eq!(
-            choose(RATES, 5000, &idle, usable, true),
-            Some(Pick::Home(1))
-        );
-        assert_eq!(choose(RATES, 5000, &idle, |_| false, true), None);
+        assert_eq!(choose(RATES, 5000, &busy, true), moved);
+        assert_eq!(choose(RATES, 5000, &busy, false), moved);
+        assert_eq!(choose(RATES, 5000, &[], true), None);
     }
 
     #[test]
     fn a_conversation_stays_where_its_prefix_is_until_waiting_costs_more() {
         // Its prefix (4,800 of 5,000 tokens) on the third backend.
         let mut f = [facts(0, 1500), facts(0, 1500), facts(0, 4800)];
-        assert_eq!(choose(RATES, 5000, &f, all, true), Some(Pick::Home(2)));
+        assert_eq!(choose(RATES, 5000, &f, true), Some(Pick::Home(2)));
         // Full with a queue: home costs 1.0 + 4 * 0.25 + 0.35 = 2.35 s; a
         // cold prefill elsewhere 3.5 s: it stays.
         f[2].load = 7;
-        assert_eq!(choose(RATES, 5000, &f, all, true), Some(Pick::Home(2)));
+        assert_eq!(choose(RATES, 5000, &f, true), Some(Pick::Home(2)));
         // 11 ahead: 1.0 + 2.75 + 0.7 = 4.45 s, moving is clearly cheaper.
         f[2].load = 14;
         let moved = Some(Pick::Moved { to: 0, from: 2 });
-        assert_eq!(choose(RATES, 5000, &f, all, true), moved);
+        assert_eq!(choose(RATES, 5000, &f, true), moved);
         // Within the margin, it stays: 3.5 against 4.15 * 0.8 = 3.32.
         f[2].load = 13;
         close(cost(RATES, 5000, &f[2]), 4.15);
-        assert_eq!(choose(RATES, 5000, &f, all, true), Some(Pick::Home(2)));
+        assert_eq!(choose(RATES, 5000, &f, true), Some(Pick::Home(2)));
         // A warmup never leaves its home.
         f[2].load = 100;
-        assert_eq!(choose(RATES, 5000, &f, all, false), Some(Pick::Home(2)));
+        assert_eq!(choose(RATES, 5000, &f, false), Some(Pick::Home(2)));
     }
 
     #[test]
@@ -275,12 +261,12 @@ mod tests {
         // Two copies of a hot prefix: the less busy one.
         let f = [facts(20, 4800), facts(5, 4800), facts(0, 0)];
         let moved = Some(Pick::Moved { to: 1, from: 0 });
-        assert_eq!(choose(RATES, 5000, &f, all, true), moved);
+        assert_eq!(choose(RATES, 5000, &f, true), moved);
         // A new conversation whose first choice has a long queue: to the
         // least busy.
         let f = [facts(40, 0), facts(4, 0), facts(2, 0)];
         let moved = Some(Pick::Moved { to: 2, from: 0 });
-        assert_eq!(choose(RATES, 500, &f, all, true), moved);
+        assert_eq!(choose(RATES, 500, &f, true), moved);
     }
 
     #[test]

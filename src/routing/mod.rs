@@ -11,7 +11,7 @@
 //! candidate is seen through its [`Facts`] for this request: the member's
 //! state from the pool (excluded after a failure, requests in flight or
 //! queued here, its slots) and what routing knows of it for this request
-//! (the prompt tokens it holds, from the prefix index). [`Router::rank`]
+//! (the prompt tokens it holds, from the prefix index). [`Router::rank_at`]
 //! orders the members (rendezvous or round-robin) and its [`Choice`] picks
 //! among the usable ones by their facts alone. The first candidate is the
 //! choice; the others are where `overflow: spill` goes when the choice has
@@ -45,8 +45,8 @@
 //!    filled in [`Routing::route`] (as `cached_tokens` from the index) or,
 //!    for a member's own state, in `pool::Members::route`;
 //! 4. its rule: a [`Choice`] variant, made from the [`Policy`] in
-//!    [`Router::new`] and decided in `Router::choose` over the ordered
-//!    candidates' facts, with its code in a file beside this one (as
+//!    [`Router::new`] and decided in [`Router::rank_at`] over the facts
+//!    of the members it reads, with its code in a file beside this one (as
 //!    `cost.rs`); state it keeps across requests lives in [`Routing`] (one
 //!    per model; or shared by every model, as `owners.rs`, created in
 //!    `Gateway::new`), read in [`Routing::route`] and written in
@@ -149,6 +149,10 @@ pub struct Request<'a> {
     pub movable: bool,
     /// Its prompt's tokens, as its chain counts them (`chain.rs`).
     pub prompt_tokens: u64,
+    /// The members expected to hold some of its prompt (`index.rs`), by
+    /// position in [`Router::addrs`]: the cost rule weighs them beside
+    /// the first of the order.
+    pub holders: &'a [usize],
     /// The model's rates now (`cost.rs`).
     pub rates: cost::Snapshot,
 }
@@ -160,6 +164,7 @@ impl<'a> Request<'a> {
             tried,
             movable: true,
             prompt_tokens: 0,
+            holders: &[],
             rates: cost::Snapshot::default(),
         }
     }
@@ -259,12 +264,76 @@ pub enum Choice {
     Cost,
 }
 
+/// How many usable members of a request's order the cost rule weighs,
+/// beside those holding some of its prompt. As with the power of d
+/// choices, a few candidates balance load nearly as well as the whole
+/// pool, and routing then costs a request about the same over 4 backends
+/// as over 256.
+pub const WEIGHED: usize = rendezvous::ORDERED;
+
+/// The order a request tries a model's members in, made as it is read: a
+/// request reads only the members it needs.
+#[derive(Debug, Clone, Copy)]
+enum Order {
+    /// Rendezvous: the key's best scores, then the rest by address.
+    Scored(rendezvous::Best),
+    /// Round-robin: the turn's member, then the others from it.
+    Turn(round_robin::Turn),
+}
+
+impl Order {
+    /// Every member, by position in [`Router::addrs`], in order.
+    fn members(self) -> impl Iterator<Item = usize> {
+        let (scored, turn) = match self {
+            Order::Scored(best) => (Some(best.order()), None),
+            Order::Turn(turn) => (None, Some(turn.order())),
+        };
+        scored
+            .into_iter()
+            .flatten()
+            .chain(turn.into_iter().flatten())
+    }
+
+    /// Where member `m` comes in [`Order::members`].
+    fn place(&self, m: usize) -> usize {
+        match self {
+            Order::Scored(best) => best.place(m),
+            Order::Turn(turn) => turn.place(m),
+        }
+    }
+}
+
+/// One request's ranking: where it goes first, and the order the other
+/// candidates follow in.
+#[derive(Debug, Clone, Copy)]
+pub struct Ranking {
+    pub first: Candidate,
+    /// The member `first` is, by position in [`Router::addrs`].
+    chosen: usize,
+    /// The others' order; `None`: there is no other (a stored response's
+    /// owner).
+    order: Option<Order>,
+}
+
+impl Ranking {
+    /// Member `m` of the router, and no other.
+    pub fn only(first: Candidate, m: usize) -> Self {
+        Ranking {
+            first,
+            chosen: m,
+            order: None,
+        }
+    }
+}
+
 /// One model's routing table, built once per backend set.
 pub struct Router {
     choice: Choice,
     addrs: Vec<SocketAddr>,
     /// (address as hashed, weight), in `addrs` order.
     keyed: Vec<(String, u32)>,
+    /// Every weight the same: rendezvous ranks by the hash alone.
+    equal_weights: bool,
     round_robin: RoundRobin,
 }
 
@@ -282,6 +351,7 @@ impl Router {
             choice,
             addrs: members.iter().map(|(a, _)| *a).collect(),
             keyed: members.iter().map(|(a, w)| (a.to_string(), *w)).collect(),
+            equal_weights: members.windows(2).all(|w| w[0].1 == w[1].1),
             round_robin: RoundRobin::new(members.iter().map(|(_, w)| *w)),
         }
     }
@@ -296,76 +366,115 @@ impl Router {
         self.addrs.binary_search(addr).ok()
     }
 
-    /// [`Router::rank_at`] with each member's facts found by its address.
+    /// Every candidate of [`Router::rank_at`], best first, each member
+    /// found in `facts` by its address.
     pub fn rank(
         &self,
         req: Request,
         facts: impl Fn(&SocketAddr) -> Facts,
     ) -> Option<Vec<Candidate>> {
-        self.rank_at(req, |i| facts(&self.addrs[i]))
+        let at = |i: usize| facts(&self.addrs[i]);
+        let ranking = self.rank_at(req, at)?;
+        Some(self.candidates(&ranking, req.tried, at).collect())
     }
 
-    /// The candidates for a request, best first, each member in the `facts`
-    /// it has for this request (by its position in [`Router::addrs`], so
-    /// that no member is looked up by address); `None` when no member is
-    /// usable (all excluded or tried).
-    pub fn rank_at(&self, req: Request, facts: impl Fn(usize) -> Facts) -> Option<Vec<Candidate>> {
-        let Request {
-            affinity, tried, ..
-        } = req;
-        let (order, preferred): (Vec<usize>, Route) = match affinity {
-            Affinity::Key(key) => (rendezvous::rank(key, &self.keyed), Route::Hash),
-            Affinity::Derived(key) => (rendezvous::rank(key, &self.keyed), Route::Prefix),
+    /// A request's ranking, each member in the `facts` it has for this
+    /// request (by its position in [`Router::addrs`], so that no member is
+    /// looked up by address); `None` when no member is usable (all
+    /// excluded or tried). Reads the first usable member of the order, or
+    /// for the cost rule the first [`WEIGHED`] and the holders of the
+    /// prompt: never the whole pool.
+    pub fn rank_at(&self, req: Request, facts: impl Fn(usize) -> Facts) -> Option<Ranking> {
+        let (order, preferred) = match req.affinity {
+            Affinity::Key(key) => (self.scored(key), Route::Hash),
+            Affinity::Derived(key) => (self.scored(key), Route::Prefix),
             Affinity::None => (
-                self.round_robin.order(self.addrs.len()).collect(),
+                Order::Turn(self.round_robin.turn(self.addrs.len())),
                 Route::RoundRobin,
             ),
         };
-        let facts: Vec<Facts> = order.iter().map(|i| facts(*i)).collect();
-        let usable = |pos: usize| !facts[pos].excluded && !tried.contains(&self.addrs[order[pos]]);
-        let first_usable = (0..order.len()).find(|p| usable(*p))?;
-        let first = match first_usable == 0 && tried.is_empty() {
-            true => preferred,
-            false => Route::Fallback,
+        let weighed = match self.choice {
+            Choice::First => 1,
+            Choice::Cost => WEIGHED,
         };
-        let (chosen, route) = self
-            .choose(&req, &facts, usable, first_usable)
-            .unwrap_or((first_usable, first));
-        let mut out = Vec::with_capacity(order.len());
-        out.push(Candidate {
-            addr: self.addrs[order[chosen]],
-            route,
-        });
-        out.extend(
-            (0..order.len())
-                .filter(|p| *p != chosen && usable(*p))
-                .map(|p| Candidate {
-                    addr: self.addrs[order[p]],
-                    route: Route::Spill,
-                }),
-        );
-        Some(out)
-    }
-
-    /// The position in `order` the policy chooses instead of the first
-    /// usable one, and the route it is served under; `None`: the first.
-    fn choose(
-        &self,
-        req: &Request,
-        facts: &[Facts],
-        usable: impl Fn(usize) -> bool,
-        first_usable: usize,
-    ) -> Option<(usize, Route)> {
-        match self.choice {
-            Choice::First => None,
-            Choice::Cost => {
-                match cost::choose(req.rates, req.prompt_tokens, facts, usable, req.movable)? {
-                    cost::Pick::Home(p) if p == first_usable => None,
-                    cost::Pick::Home(p) => Some((p, Route::Cache)),
-                    cost::Pick::Moved { to, .. } => Some((to, Route::Balance)),
+        // (place in the order, member, facts) of the usable members weighed.
+        let mut seen: Vec<(usize, usize, Facts)> = Vec::with_capacity(weighed + req.holders.len());
+        for (place, m) in order.members().enumerate() {
+            let f = facts(m);
+            if self.usable(m, &f, req.tried) {
+                seen.push((place, m, f));
+                if seen.len() == weighed {
+                    break;
                 }
             }
         }
+        let first_place = seen.first()?.0;
+        let first = match first_place == 0 && req.tried.is_empty() {
+            true => preferred,
+            false => Route::Fallback,
+        };
+        let (chosen, route) = match self.choice {
+            Choice::First => (0, first),
+            Choice::Cost => {
+                // Holders past the last member read: the others were read.
+                let last = seen[seen.len() - 1].0;
+                for &m in req.holders {
+                    let place = order.place(m);
+                    let f = facts(m);
+                    if place > last && self.usable(m, &f, req.tried) {
+                        seen.push((place, m, f));
+                    }
+                }
+                seen.sort_unstable_by_key(|(place, ..)| *place);
+                let facts: Vec<Facts> = seen.iter().map(|(_, _, f)| *f).collect();
+                match cost::choose(req.rates, req.prompt_tokens, &facts, req.movable)? {
+                    cost::Pick::Home(0) => (0, first),
+                    cost::Pick::Home(p) => (p, Route::Cache),
+                    cost::Pick::Moved { to, .. } => (to, Route::Balance),
+                }
+            }
+        };
+        let chosen = seen[chosen].1;
+        Some(Ranking {
+            first: Candidate {
+                addr: self.addrs[chosen],
+                route,
+            },
+            chosen,
+            order: Some(order),
+        })
+    }
+
+    /// The candidates of `ranking`, best first: its first, then every
+    /// other usable member in its order (route `spill`), read as they are
+    /// reached.
+    pub fn candidates<'s>(
+        &'s self,
+        ranking: &Ranking,
+        tried: &'s [SocketAddr],
+        facts: impl Fn(usize) -> Facts + 's,
+    ) -> impl Iterator<Item = Candidate> + 's {
+        let chosen = ranking.chosen;
+        let rest = ranking
+            .order
+            .into_iter()
+            .flat_map(Order::members)
+            .filter(move |m| *m != chosen && self.usable(*m, &facts(*m), tried))
+            .map(|m| Candidate {
+                addr: self.addrs[m],
+                route: Route::Spill,
+            });
+        std::iter::once(ranking.first).chain(rest)
+    }
+
+    fn scored(&self, key: &[u8]) -> Order {
+        Order::Scored(rendezvous::best(key, &self.keyed, self.equal_weights))
+    }
+
+    /// Whether member `m`, in `facts`, may take a request that failed on
+    /// `tried`.
+    fn usable(&self, m: usize, facts: &Facts, tried: &[SocketAddr]) -> bool {
+        !facts.excluded && !tried.contains(&self.addrs[m])
     }
 }
 

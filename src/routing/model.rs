@@ -19,7 +19,7 @@ use super::cost::Rates;
 use super::index::{Held, PrefixIndex};
 use super::owners::{Owner, Owners};
 use super::prefix::DerivedKey;
-use super::{Affinity, Candidate, Facts, Policy, Request, Route, Router};
+use super::{Affinity, Candidate, Facts, Policy, Ranking, Request, Route, Router};
 use crate::api::Api;
 
 /// One model's routing policy and the state it keeps across requests and
@@ -119,16 +119,31 @@ impl Input {
 }
 
 /// One routing decision: the candidates, best first, and the handle that
-/// records which one admitted the request.
-pub struct Plan<'a> {
-    pub candidates: Vec<Candidate>,
+/// records which one admitted the request. `S` is each member's state now
+/// (by position), read again for the later candidates when they are reached.
+pub struct Plan<'a, S> {
+    ranking: Ranking,
+    router: &'a Router,
+    status: S,
     /// What the index expects each backend to hold of the prompt.
     held: Vec<Held>,
     index: Option<&'a PrefixIndex>,
     input: &'a Input,
 }
 
-impl Plan<'_> {
+impl<S: Fn(usize) -> Facts> Plan<'_, S> {
+    /// Where the request goes first.
+    pub fn first(&self) -> Candidate {
+        self.ranking.first
+    }
+
+    /// The candidates, best first: [`Plan::first`], then the other usable
+    /// members in order (where `overflow: spill` goes).
+    pub fn candidates(&self) -> impl Iterator<Item = Candidate> + '_ {
+        self.router
+            .candidates(&self.ranking, &self.input.tried, &self.status)
+    }
+
     /// The prompt tokens `addr` is expected to hold; `None` without an
     /// index.
     pub fn expected_tokens(&self, addr: SocketAddr) -> Option<u64> {
@@ -229,29 +244,34 @@ impl Routing {
 
     /// The candidates for `input` among `router`'s members, each in the
     /// `status` it has now (by its position in [`Router::addrs`]).
-    pub fn route<'a>(
+    pub fn route<'a, S: Fn(usize) -> Facts>(
         &'a self,
-        router: &Router,
+        router: &'a Router,
         input: &'a Input,
-        status: impl Fn(usize) -> Facts,
+        status: S,
         now: Instant,
-    ) -> Result<Plan<'a>, Unroutable> {
+    ) -> Result<Plan<'a, S>, Unroutable> {
         if let Some(id) = &input.stored {
             let (owner, position) = self.owner(router, id, now)?;
             if status(position).excluded || input.tried.contains(&owner) {
                 let id = id.clone();
                 return Err(Unroutable::OwnerUnavailable { id, owner });
             }
-            let candidates = vec![Candidate {
+            let only = Candidate {
                 addr: owner,
                 route: Route::Owner,
-            }];
-            return Ok(self.plan(candidates, Vec::new(), input));
+            };
+            let ranking = Ranking::only(only, position);
+            return Ok(self.plan(ranking, router, status, Vec::new(), input));
         }
         let held = match &self.index {
             Some(index) if !input.chain.is_empty() => index.lookup(&input.chain),
             _ => Vec::new(),
         };
+        let holders: Vec<usize> = held
+            .iter()
+            .filter_map(|h| router.position(&h.addr))
+            .collect();
         let request = Request {
             affinity: input.affinity(),
             tried: &input.tried,
@@ -259,26 +279,31 @@ impl Routing {
             // never moves it.
             movable: !input.warmup,
             prompt_tokens: input.chain.len() as u64 * BLOCK_TOKENS,
+            holders: &holders,
             rates: self.rates.snapshot(),
         };
         let facts = |i: usize| Facts {
             cached_tokens: cached_tokens(&held, router.addrs()[i]),
             ..status(i)
         };
-        let candidates = router
+        let ranking = router
             .rank_at(request, facts)
             .ok_or(Unroutable::NoBackend)?;
-        Ok(self.plan(candidates, held, input))
+        Ok(self.plan(ranking, router, status, held, input))
     }
 
-    fn plan<'a>(
+    fn plan<'a, S>(
         &'a self,
-        candidates: Vec<Candidate>,
+        ranking: Ranking,
+        router: &'a Router,
+        status: S,
         held: Vec<Held>,
         input: &'a Input,
-    ) -> Plan<'a> {
+    ) -> Plan<'a, S> {
         Plan {
-            candidates,
+            ranking,
+            router,
+            status,
             held,
             index: self.index.as_deref(),
             input,
@@ -397,7 +422,7 @@ mod tests {
         let plan = routing
             .route(router, input, status, Instant::now())
             .unwrap();
-        let chosen = plan.candidates[0];
+        let chosen = plan.first();
         let expected = plan.expected_tokens(chosen.addr);
         plan.admitted(chosen);
         (chosen, expected)
@@ -510,7 +535,7 @@ mod tests {
             addr: owner,
             route: Route::Owner,
         }];
-        assert_eq!(plan.candidates, only);
+        assert_eq!(plan.candidates().collect::<Vec<_>>(), only);
         // Excluded, or failed this request: never another backend.
         let excluded = |i: usize| Facts {
             excluded: router.addrs()[i] == owner,

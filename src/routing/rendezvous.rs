@@ -57,16 +57,48 @@ pub fn score(hash: u64, weight: u32) -> f64 {
 /// pool would cost every request a sort.
 pub const ORDERED: usize = 8;
 
-/// Indices of `backends` (address, weight): the [`ORDERED`] best scores
-/// from the best down (equal scores in address order), then the others in
-/// address order.
-pub fn rank(key: &[u8], backends: &[(String, u32)]) -> Vec<usize> {
+/// The [`ORDERED`] best-scoring members of a ranking, best first, and
+/// how many members there are: the whole order, without a list as long
+/// as the pool.
+#[derive(Debug, Clone, Copy)]
+pub struct Best {
+    top: [u32; ORDERED],
+    len: usize,
+    members: usize,
+}
+
+impl Best {
+    /// Every member in order: the best scores, then the others in address
+    /// order.
+    pub fn order(self) -> impl Iterator<Item = usize> {
+        let top = self.top;
+        let len = self.len;
+        let taken = move |m: &usize| top[..len].contains(&(*m as u32));
+        (0..len)
+            .map(move |i| top[i] as usize)
+            .chain((0..self.members).filter(move |m| !taken(m)))
+    }
+
+    /// Where member `m` comes in [`Best::order`].
+    pub fn place(&self, m: usize) -> usize {
+        let top = &self.top[..self.len];
+        match top.iter().position(|t| *t as usize == m) {
+            Some(i) => i,
+            None => self.len + m - top.iter().filter(|t| (**t as usize) < m).count(),
+        }
+    }
+}
+
+/// The ranking of `backends` (address, weight; `equal`: all weights the
+/// same) for `key`: the [`ORDERED`] best scores from the best down (equal
+/// scores in address order), then the others in address order.
+pub fn best(key: &[u8], backends: &[(String, u32)], equal: bool) -> Best {
     let mut pair = Pair::new(key);
-    let equal = backends.windows(2).all(|w| w[0].1 == w[1].1);
     // As integers that order as the scores do: with equal weights the score
     // rises with u, and u with the hash's top 53 bits (no logarithm per
     // backend); a positive float's bits order as the float does.
-    let mut ordered: Vec<(u64, usize)> = Vec::with_capacity(ORDERED + 1);
+    let mut kept = [(0u64, 0u32); ORDERED];
+    let mut len = 0;
     for (i, (addr, weight)) in backends.iter().enumerate() {
         let h = pair.hash(addr);
         let s = if equal {
@@ -76,25 +108,30 @@ pub fn rank(key: &[u8], backends: &[(String, u32)]) -> Vec<usize> {
         };
         // Strictly better than the last kept: of equal scores the earlier
         // address stays ahead.
-        if ordered.len() == ORDERED && ordered.last().is_some_and(|(last, _)| s <= *last) {
+        if len == ORDERED && s <= kept[ORDERED - 1].0 {
             continue;
         }
-        let at = ordered.partition_point(|(kept, _)| *kept >= s);
-        ordered.insert(at, (s, i));
-        ordered.truncate(ORDERED);
+        let at = kept[..len].partition_point(|(k, _)| *k >= s);
+        len = (len + 1).min(ORDERED);
+        kept.copy_within(at..len - 1, at + 1);
+        kept[at] = (s, i as u32);
     }
-    let mut out = Vec::with_capacity(backends.len());
-    out.extend(ordered.iter().map(|(_, i)| *i));
-    // The rest: the runs of addresses between the ordered ones.
-    let mut taken: Vec<usize> = out.clone();
-    taken.sort_unstable();
-    let mut from = 0;
-    for t in taken {
-        out.extend(from..t);
-        from = t + 1;
+    let mut top = [0u32; ORDERED];
+    for (t, (_, i)) in top.iter_mut().zip(&kept[..len]) {
+        *t = *i;
     }
-    out.extend(from..backends.len());
-    out
+    Best {
+        top,
+        len,
+        members: backends.len(),
+    }
+}
+
+/// Indices of `backends` in their whole ranking for `key` ([`best`]'s
+/// order): what a test or a tool compares routing against.
+pub fn rank(key: &[u8], backends: &[(String, u32)]) -> Vec<usize> {
+    let equal = backends.windows(2).all(|w| w[0].1 == w[1].1);
+    best(key, backends, equal).order().collect()
 }
 
 #[cfg(test)]
@@ -227,7 +264,12 @@ mod tests {
                 let mut rest = by_score[ORDERED..].to_vec();
                 rest.sort();
                 expected.extend(rest);
-                assert_eq!(rank(key.as_bytes(), &backends), expected, "{key}");
+                let ranked = rank(key.as_bytes(), &backends);
+                assert_eq!(ranked, expected, "{key}");
+                let best = best(key.as_bytes(), &backends, !weighted);
+                for (place, m) in ranked.iter().enumerate() {
+                    assert_eq!(best.place(*m), place, "{key}");
+                }
             }
         }
     }

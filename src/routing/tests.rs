@@ -171,3 +171,72 @@ fn derived_keys_rank_as_the_same_key_would_and_route_as_prefix() {
     assert_eq!(derived[0].route, Route::Prefix);
     assert_eq!(derived[0].addr, keyed[0].addr);
 }
+
+fn cost_router(n: u16) -> Router {
+    let policy = Policy {
+        prefix_index: Some(IndexSize {
+            backend_blocks: 1000,
+            max_blocks: 10_000,
+        }),
+        ..Policy::default()
+    };
+    let members = (0..n).map(|i| (SocketAddr::from(([127, 0, 0, 1], 9000 + i)), 1));
+    Router::new(&policy, members)
+}
+
+#[test]
+fn the_cost_rule_reads_the_first_of_the_order_and_the_holders_only() {
+    let r = cost_router(64);
+    let mut req = Request::new(Affinity::Key(b"k"), &[]);
+    req.prompt_tokens = 4096;
+    let order: Vec<usize> = rendezvous::rank(b"k", &r.keyed);
+    // The conversation's prefix is on the 40th of the order, busy beside
+    // idle others: it stays there.
+    let holder = order[40];
+    let holders = [holder];
+    req.holders = &holders;
+    let read = std::cell::RefCell::new(Vec::new());
+    let facts = |m: usize| {
+        read.borrow_mut().push(m);
+        Facts {
+            load: usize::from(m == holder),
+            slots: 4,
+            cached_tokens: if m == holder { 4096 } else { 0 },
+            ..Facts::default()
+        }
+    };
+    let ranking = r.rank_at(req, facts).unwrap();
+    assert_eq!(ranking.first.addr, r.addrs()[holder]);
+    assert_eq!(ranking.first.route, Route::Cache);
+    let mut weighed = order[..WEIGHED].to_vec();
+    weighed.push(holder);
+    assert_eq!(*read.borrow(), weighed);
+    // Every usable member is still a candidate, read as it is reached.
+    let all: Vec<Candidate> = r.candidates(&ranking, &[], facts).collect();
+    assert_eq!(all.len(), 64);
+    assert_eq!(all[1].addr, r.addrs()[order[0]]);
+    assert!(all[1..].iter().all(|c| c.route == Route::Spill));
+}
+
+#[test]
+fn the_cost_rule_passes_over_excluded_members_to_the_next_usable() {
+    let r = cost_router(20);
+    let order: Vec<usize> = rendezvous::rank(b"k", &r.keyed);
+    // The first 10 of the order excluded, the next ones loaded but one.
+    let idle = order[14];
+    let facts = |m: usize| {
+        let place = order.iter().position(|o| *o == m).unwrap();
+        Facts {
+            excluded: place < 10,
+            load: if m == idle { 0 } else { 3 },
+            slots: 4,
+            ..Facts::default()
+        }
+    };
+    let mut req = Request::new(Affinity::Key(b"k"), &[]);
+    req.prompt_tokens = 4096;
+    let ranking = r.rank_at(req, facts).unwrap();
+    assert_eq!(ranking.first.addr, r.addrs()[idle]);
+    let all: Vec<Candidate> = r.candidates(&ranking, &[], facts).collect();
+    assert_eq!(all.len(), 10);
+}
