@@ -10,8 +10,12 @@
 //!   completions (/v1/completions): prompt
 //!   (a field absent: empty)
 //! block i = bytes [i*256, (i+1)*256) of the stream; a last partial block is not one
-//! h_0 = xxh3_64_with_seed(block 0, 0), h_i = xxh3_64_with_seed(block i, h_(i-1))
+//! h_i = xxh3_64_with_seed(xxh3_64(block i) as 8 bytes little-endian, h_(i-1)), h_(-1) = 0
 //! ```
+//!
+//! (Each block is hashed with xxh3's default secret: a seeded hash of more
+//! than 240 bytes derives a secret of its own first, which cost more than
+//! the hash.)
 //!
 //! A later turn of a conversation resends the earlier messages byte for
 //! byte (clients serialise the history they keep the same way every time),
@@ -23,7 +27,7 @@
 //! usual four bytes a token.
 
 use serde_json::value::RawValue;
-use xxhash_rust::xxh3::xxh3_64_with_seed;
+use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 use crate::api::Api;
 use crate::body::{self, Prompt};
@@ -58,7 +62,12 @@ fn stream(parts: &[Option<&RawValue>]) -> Vec<u64> {
     if parts.last().is_none_or(|p| p.is_none()) {
         return Vec::new();
     }
-    let mut chain = Chainer::default();
+    let len: usize = parts.iter().flatten().map(|p| p.get().len() + 1).sum();
+    let mut chain = Chainer {
+        blocks: Vec::with_capacity(len / BLOCK_BYTES),
+        partial: [0; BLOCK_BYTES],
+        filled: 0,
+    };
     for (i, part) in parts.iter().enumerate() {
         if i > 0 {
             chain.push(&[0x1e]);
@@ -69,35 +78,41 @@ fn stream(parts: &[Option<&RawValue>]) -> Vec<u64> {
 }
 
 /// Cuts a stream fed in parts into chained blocks.
-#[derive(Default)]
 struct Chainer {
     blocks: Vec<u64>,
-    partial: Vec<u8>,
+    /// A block begun by one part and ended by the next: `filled` bytes.
+    partial: [u8; BLOCK_BYTES],
+    filled: usize,
 }
 
 impl Chainer {
     fn push(&mut self, mut bytes: &[u8]) {
-        if !self.partial.is_empty() {
-            let take = (BLOCK_BYTES - self.partial.len()).min(bytes.len());
-            self.partial.extend_from_slice(&bytes[..take]);
+        if self.filled > 0 {
+            let take = (BLOCK_BYTES - self.filled).min(bytes.len());
+            self.partial[self.filled..self.filled + take].copy_from_slice(&bytes[..take]);
+            self.filled += take;
             bytes = &bytes[take..];
-            if self.partial.len() < BLOCK_BYTES {
+            if self.filled < BLOCK_BYTES {
                 return;
             }
-            let block = std::mem::take(&mut self.partial);
-            self.block(&block);
+            chain_block(&mut self.blocks, &self.partial);
+            self.filled = 0;
         }
         let mut whole = bytes.chunks_exact(BLOCK_BYTES);
         for block in &mut whole {
-            self.block(block);
+            chain_block(&mut self.blocks, block);
         }
-        self.partial.extend_from_slice(whole.remainder());
+        let rest = whole.remainder();
+        self.partial[..rest.len()].copy_from_slice(rest);
+        self.filled = rest.len();
     }
+}
 
-    fn block(&mut self, block: &[u8]) {
-        let parent = self.blocks.last().copied().unwrap_or(0);
-        self.blocks.push(xxh3_64_with_seed(block, parent));
-    }
+/// Append `block`'s link to `blocks`.
+fn chain_block(blocks: &mut Vec<u64>, block: &[u8]) {
+    let parent = blocks.last().copied().unwrap_or(0);
+    let own = xxh3_64(block).to_le_bytes();
+    blocks.push(xxh3_64_with_seed(&own, parent));
 }
 
 #[cfg(test)]
@@ -120,8 +135,10 @@ mod tests {
         let body = chat(&json!([message("user", 600)]));
         let stream = serde_json::to_vec(&json!([message("user", 600)])).unwrap();
         let sep = [&[][..], &[0x1e][..], &stream[..]].concat();
-        let b0 = xxh3_64_with_seed(&sep[..256], 0);
-        let b1 = xxh3_64_with_seed(&sep[256..512], b0);
+        let chained =
+            |block: &[u8], parent| xxh3_64_with_seed(&xxh3_64(block).to_le_bytes(), parent);
+        let b0 = chained(&sep[..256], 0);
+        let b1 = chained(&sep[256..512], b0);
         assert_eq!(sep.len() / BLOCK_BYTES, 2);
         assert_eq!(of(Api::ChatCompletions, &body), [b0, b1]);
     }

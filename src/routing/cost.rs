@@ -146,13 +146,21 @@ pub enum Pick {
     Moved { to: usize, from: usize },
 }
 
-/// Of `facts` (usable backends, in the order's order), the one to choose;
-/// `movable`: whether load may move the request (a warmup only fills its
-/// home). None when there is none.
-pub fn choose(rates: Snapshot, prompt: u64, facts: &[Facts], movable: bool) -> Option<Pick> {
-    let positions = || 0..facts.len();
+/// Of the `weighed` backends (usable, in the order's order, each seen
+/// through its `facts`), the one to choose; `movable`: whether load may
+/// move the request (a warmup only fills its home). None when there is
+/// none.
+pub fn choose<T>(
+    rates: Snapshot,
+    prompt: u64,
+    weighed: &[T],
+    facts: impl Fn(&T) -> &Facts,
+    movable: bool,
+) -> Option<Pick> {
+    let positions = || 0..weighed.len();
+    let facts = |p: usize| facts(&weighed[p]);
     let held = |p: &usize| {
-        let tokens = facts[*p].cached_tokens;
+        let tokens = facts(*p).cached_tokens;
         match tokens as f64 >= MIN_SHARE * prompt as f64 && tokens > 0 {
             true => tokens,
             false => 0,
@@ -160,7 +168,7 @@ pub fn choose(rates: Snapshot, prompt: u64, facts: &[Facts], movable: bool) -> O
     };
     // The first of the most held: `max_by_key` keeps the last of equals.
     let home = positions().rev().max_by_key(held)?;
-    let cost_at = |p: usize| cost(rates, prompt, &facts[p]);
+    let cost_at = |p: usize| cost(rates, prompt, facts(p));
     // The first of the cheapest.
     let cheapest = positions()
         .map(|p| (p, cost_at(p)))
@@ -197,6 +205,10 @@ mod tests {
         }
     }
 
+    fn same(f: &Facts) -> &Facts {
+        f
+    }
+
     fn close(got: f64, want: f64) {
         assert!((got - want).abs() < 1e-9, "{got} != {want}");
     }
@@ -222,38 +234,41 @@ mod tests {
     #[test]
     fn a_new_conversation_goes_to_the_orders_first_unless_another_is_less_busy() {
         let idle = [facts(0, 0), facts(0, 0), facts(0, 0)];
-        assert_eq!(choose(RATES, 5000, &idle, true), Some(Pick::Home(0)));
+        assert_eq!(choose(RATES, 5000, &idle, same, true), Some(Pick::Home(0)));
         // Every backend holds the shared system prompt: no home for that.
         let shared = [facts(0, 1500), facts(0, 1500), facts(0, 1500)];
-        assert_eq!(choose(RATES, 5000, &shared, true), Some(Pick::Home(0)));
+        assert_eq!(
+            choose(RATES, 5000, &shared, same, true),
+            Some(Pick::Home(0))
+        );
         // Loaded unevenly: the least busy, a warmup too.
         let busy = [facts(1, 1500), facts(0, 1500), facts(2, 1500)];
         let moved = Some(Pick::Moved { to: 1, from: 0 });
-        assert_eq!(choose(RATES, 5000, &busy, true), moved);
-        assert_eq!(choose(RATES, 5000, &busy, false), moved);
-        assert_eq!(choose(RATES, 5000, &[], true), None);
+        assert_eq!(choose(RATES, 5000, &busy, same, true), moved);
+        assert_eq!(choose(RATES, 5000, &busy, same, false), moved);
+        assert_eq!(choose(RATES, 5000, &[], same, true), None);
     }
 
     #[test]
     fn a_conversation_stays_where_its_prefix_is_until_waiting_costs_more() {
         // Its prefix (4,800 of 5,000 tokens) on the third backend.
         let mut f = [facts(0, 1500), facts(0, 1500), facts(0, 4800)];
-        assert_eq!(choose(RATES, 5000, &f, true), Some(Pick::Home(2)));
+        assert_eq!(choose(RATES, 5000, &f, same, true), Some(Pick::Home(2)));
         // Full with a queue: home costs 1.0 + 4 * 0.25 + 0.35 = 2.35 s; a
         // cold prefill elsewhere 3.5 s: it stays.
         f[2].load = 7;
-        assert_eq!(choose(RATES, 5000, &f, true), Some(Pick::Home(2)));
+        assert_eq!(choose(RATES, 5000, &f, same, true), Some(Pick::Home(2)));
         // 11 ahead: 1.0 + 2.75 + 0.7 = 4.45 s, moving is clearly cheaper.
         f[2].load = 14;
         let moved = Some(Pick::Moved { to: 0, from: 2 });
-        assert_eq!(choose(RATES, 5000, &f, true), moved);
+        assert_eq!(choose(RATES, 5000, &f, same, true), moved);
         // Within the margin, it stays: 3.5 against 4.15 * 0.8 = 3.32.
         f[2].load = 13;
         close(cost(RATES, 5000, &f[2]), 4.15);
-        assert_eq!(choose(RATES, 5000, &f, true), Some(Pick::Home(2)));
+        assert_eq!(choose(RATES, 5000, &f, same, true), Some(Pick::Home(2)));
         // A warmup never leaves its home.
         f[2].load = 100;
-        assert_eq!(choose(RATES, 5000, &f, false), Some(Pick::Home(2)));
+        assert_eq!(choose(RATES, 5000, &f, same, false), Some(Pick::Home(2)));
     }
 
     #[test]
@@ -261,12 +276,12 @@ mod tests {
         // Two copies of a hot prefix: the less busy one.
         let f = [facts(20, 4800), facts(5, 4800), facts(0, 0)];
         let moved = Some(Pick::Moved { to: 1, from: 0 });
-        assert_eq!(choose(RATES, 5000, &f, true), moved);
+        assert_eq!(choose(RATES, 5000, &f, same, true), moved);
         // A new conversation whose first choice has a long queue: to the
         // least busy.
         let f = [facts(40, 0), facts(4, 0), facts(2, 0)];
         let moved = Some(Pick::Moved { to: 2, from: 0 });
-        assert_eq!(choose(RATES, 500, &f, true), moved);
+        assert_eq!(choose(RATES, 500, &f, same, true), moved);
     }
 
     #[test]

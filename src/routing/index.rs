@@ -26,6 +26,8 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::net::SocketAddr;
 use std::sync::{Mutex, MutexGuard};
 
+use smallvec::SmallVec;
+
 /// One model's prefix index.
 pub struct PrefixIndex {
     inner: Mutex<Inner>,
@@ -35,19 +37,26 @@ pub struct PrefixIndex {
     total: usize,
 }
 
+/// What a lookup finds: the few backends holding a prompt's head, on the
+/// stack.
+pub type Holders = SmallVec<[Held; 4]>;
+
 /// The blocks of one request's chain a backend holds, from the first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Held {
     pub addr: SocketAddr,
     pub blocks: usize,
+    id: u32,
 }
 
 #[derive(Default)]
 struct Inner {
     blocks: HashMap<u64, Vec<Holder>, BuildHasherDefault<Prehashed>>,
-    backends: HashMap<SocketAddr, Backend>,
-    addrs: HashMap<u32, SocketAddr>,
-    next_id: u32,
+    /// Each backend's id: its place in `backends`.
+    ids: HashMap<SocketAddr, u32>,
+    /// By id; `None`: forgotten, the id free for the next new backend.
+    backends: Vec<Option<Backend>>,
+    live: usize,
     tick: u64,
     held: usize,
 }
@@ -61,6 +70,7 @@ struct Holder {
 
 struct Backend {
     id: u32,
+    addr: SocketAddr,
     /// (block, tick) from least to most recently used; an entry whose tick
     /// is not the holder's any more is stale and skipped.
     recency: VecDeque<(u64, u64)>,
@@ -80,21 +90,28 @@ impl PrefixIndex {
 
     /// The backends holding the head of `chain`, each with how many of its
     /// leading blocks; a backend holding none is not listed.
-    pub fn lookup(&self, chain: &[u64]) -> Vec<Held> {
+    pub fn lookup(&self, chain: &[u64]) -> Holders {
         let inner = self.lock();
-        let mut alive: Vec<(u32, usize)> = Vec::new();
+        let mut held = Holders::new();
         for (depth, block) in chain.iter().enumerate() {
             let Some(holders) = inner.blocks.get(block) else {
                 break;
             };
             if depth == 0 {
-                alive.extend(holders.iter().map(|h| (h.id, 1)));
+                held.extend(holders.iter().filter_map(|h| {
+                    let addr = inner.backends[h.id as usize].as_ref()?.addr;
+                    Some(Held {
+                        addr,
+                        blocks: 1,
+                        id: h.id,
+                    })
+                }));
                 continue;
             }
             let mut deeper = false;
-            for (id, n) in alive.iter_mut().filter(|(_, n)| *n == depth) {
-                if holders.iter().any(|h| h.id == *id) {
-                    *n += 1;
+            for h in held.iter_mut().filter(|h| h.blocks == depth) {
+                if holders.iter().any(|holder| holder.id == h.id) {
+                    h.blocks += 1;
                     deeper = true;
                 }
             }
@@ -102,15 +119,7 @@ impl PrefixIndex {
                 break;
             }
         }
-        alive
-            .into_iter()
-            .filter_map(|(id, blocks)| {
-                Some(Held {
-                    addr: *inner.addrs.get(&id)?,
-                    blocks,
-                })
-            })
-            .collect()
+        held
     }
 
     /// `addr` was given `chain` to prefill: it holds all of it now, most
@@ -123,22 +132,12 @@ impl PrefixIndex {
         let inner = &mut *inner;
         inner.tick += 1;
         let tick = inner.tick;
-        if !inner.backends.contains_key(&addr) {
-            let id = inner.next_id;
-            inner.next_id += 1;
-            inner.addrs.insert(id, addr);
-            let backend = Backend {
-                id,
-                recency: VecDeque::new(),
-                count: 0,
-            };
-            inner.backends.insert(addr, backend);
-        }
-        let cap = self
-            .per_backend
-            .min(self.total / inner.backends.len())
-            .max(1);
-        let backend = inner.backends.get_mut(&addr).expect("inserted above");
+        let id = match inner.ids.get(&addr) {
+            Some(id) => *id as usize,
+            None => inner.add(addr),
+        };
+        let cap = self.per_backend.min(self.total / inner.live).max(1);
+        let backend = inner.backends[id].as_mut().expect("a known id is live");
         // Deepest first: of equally recent blocks, the tail goes first.
         for block in chain.iter().rev() {
             let holders = inner.blocks.entry(*block).or_default();
@@ -170,9 +169,12 @@ impl PrefixIndex {
     pub fn trim(&self, addr: SocketAddr, chain: &[u64], keep: usize) {
         let mut inner = self.lock();
         let inner = &mut *inner;
-        let Some(backend) = inner.backends.get_mut(&addr) else {
+        let Some(&id) = inner.ids.get(&addr) else {
             return;
         };
+        let backend = inner.backends[id as usize]
+            .as_mut()
+            .expect("a known id is live");
         for block in chain.iter().skip(keep) {
             if release(&mut inner.blocks, *block, backend.id, None) {
                 backend.count -= 1;
@@ -185,10 +187,13 @@ impl PrefixIndex {
     pub fn forget(&self, addr: &SocketAddr) {
         let mut inner = self.lock();
         let inner = &mut *inner;
-        let Some(backend) = inner.backends.remove(addr) else {
+        let Some(id) = inner.ids.remove(addr) else {
             return;
         };
-        inner.addrs.remove(&backend.id);
+        let backend = inner.backends[id as usize]
+            .take()
+            .expect("a known id is live");
+        inner.live -= 1;
         for (block, _) in &backend.recency {
             if release(&mut inner.blocks, *block, backend.id, None) {
                 inner.held -= 1;
@@ -207,7 +212,7 @@ impl PrefixIndex {
         let inner = self.lock();
         addrs
             .iter()
-            .map(|a| (*a, inner.backends.get(a).map_or(0, |b| b.count)))
+            .map(|a| (*a, inner.backend(a).map_or(0, |b| b.count)))
             .collect()
     }
 
@@ -215,6 +220,33 @@ impl PrefixIndex {
         // Every change leaves the maps whole between statements that can
         // panic; a holder's panic leaves an index still usable.
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Inner {
+    /// A new backend's id: a forgotten one's, or the next. A forgotten
+    /// backend holds no block, so its id names no holder any more.
+    fn add(&mut self, addr: SocketAddr) -> usize {
+        let id = match self.backends.iter().position(Option::is_none) {
+            Some(free) => free,
+            None => {
+                self.backends.push(None);
+                self.backends.len() - 1
+            }
+        };
+        self.backends[id] = Some(Backend {
+            id: id as u32,
+            addr,
+            recency: VecDeque::new(),
+            count: 0,
+        });
+        self.ids.insert(addr, id as u32);
+        self.live += 1;
+        id
+    }
+
+    fn backend(&self, addr: &SocketAddr) -> Option<&Backend> {
+        self.backends[*self.ids.get(addr)? as usize].as_ref()
     }
 }
 
@@ -367,7 +399,7 @@ mod tests {
             index.insert(addr(1), &[1, 2, 3]);
         }
         let inner = index.lock();
-        assert!(inner.backends[&addr(1)].recency.len() <= 2 * 3 + 64 + 3);
+        assert!(inner.backend(&addr(1)).unwrap().recency.len() <= 2 * 3 + 64 + 3);
         assert_eq!(inner.held, 3);
     }
 

@@ -71,6 +71,8 @@ mod round_robin;
 
 use std::net::SocketAddr;
 
+use smallvec::SmallVec;
+
 use crate::api::Api;
 use round_robin::RoundRobin;
 
@@ -398,7 +400,7 @@ impl Router {
             Choice::Cost => WEIGHED,
         };
         // (place in the order, member, facts) of the usable members weighed.
-        let mut seen: Vec<(usize, usize, Facts)> = Vec::with_capacity(weighed + req.holders.len());
+        let mut seen: SmallVec<[(usize, usize, Facts); WEIGHED + 4]> = SmallVec::new();
         for (place, m) in order.members().enumerate() {
             let f = facts(m);
             if self.usable(m, &f, req.tried) {
@@ -420,14 +422,17 @@ impl Router {
                 let last = seen[seen.len() - 1].0;
                 for &m in req.holders {
                     let place = order.place(m);
+                    if place <= last {
+                        continue;
+                    }
                     let f = facts(m);
-                    if place > last && self.usable(m, &f, req.tried) {
+                    if self.usable(m, &f, req.tried) {
                         seen.push((place, m, f));
                     }
                 }
                 seen.sort_unstable_by_key(|(place, ..)| *place);
-                let facts: Vec<Facts> = seen.iter().map(|(_, _, f)| *f).collect();
-                match cost::choose(req.rates, req.prompt_tokens, &facts, req.movable)? {
+                let (rates, prompt) = (req.rates, req.prompt_tokens);
+                match cost::choose(rates, prompt, &seen, |s| &s.2, req.movable)? {
                     cost::Pick::Home(0) => (0, first),
                     cost::Pick::Home(p) => (p, Route::Cache),
                     cost::Pick::Moved { to, .. } => (to, Route::Balance),

@@ -13,10 +13,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use http::HeaderValue;
+use smallvec::SmallVec;
 
 use super::chain::BLOCK_TOKENS;
 use super::cost::Rates;
-use super::index::{Held, PrefixIndex};
+use super::index::{Held, Holders, PrefixIndex};
 use super::owners::{Owner, Owners};
 use super::prefix::DerivedKey;
 use super::{Affinity, Candidate, Facts, Policy, Ranking, Request, Route, Router};
@@ -126,7 +127,7 @@ pub struct Plan<'a, S> {
     router: &'a Router,
     status: S,
     /// What the index expects each backend to hold of the prompt.
-    held: Vec<Held>,
+    held: Holders,
     index: Option<&'a PrefixIndex>,
     input: &'a Input,
 }
@@ -262,16 +263,18 @@ impl Routing {
                 route: Route::Owner,
             };
             let ranking = Ranking::only(only, position);
-            return Ok(self.plan(ranking, router, status, Vec::new(), input));
+            return Ok(self.plan(ranking, router, status, Holders::new(), input));
         }
         let held = match &self.index {
             Some(index) if !input.chain.is_empty() => index.lookup(&input.chain),
-            _ => Vec::new(),
+            _ => Holders::new(),
         };
-        let holders: Vec<usize> = held
+        // Each holder's position and tokens, so that a member's facts need
+        // no address compared.
+        let (holders, tokens): (SmallVec<[usize; 4]>, SmallVec<[u64; 4]>) = held
             .iter()
-            .filter_map(|h| router.position(&h.addr))
-            .collect();
+            .filter_map(|h| Some((router.position(&h.addr)?, h.blocks as u64 * BLOCK_TOKENS)))
+            .unzip();
         let request = Request {
             affinity: input.affinity(),
             tried: &input.tried,
@@ -283,7 +286,10 @@ impl Routing {
             rates: self.rates.snapshot(),
         };
         let facts = |i: usize| Facts {
-            cached_tokens: cached_tokens(&held, router.addrs()[i]),
+            cached_tokens: holders
+                .iter()
+                .position(|h| *h == i)
+                .map_or(0, |k| tokens[k]),
             ..status(i)
         };
         let ranking = router
@@ -297,7 +303,7 @@ impl Routing {
         ranking: Ranking,
         router: &'a Router,
         status: S,
-        held: Vec<Held>,
+        held: Holders,
         input: &'a Input,
     ) -> Plan<'a, S> {
         Plan {
