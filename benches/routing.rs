@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use poimen_gateway::routing::index::PrefixIndex;
-use poimen_gateway::routing::{Affinity, Facts, IndexSize, Policy, Request, Router};
+use poimen_gateway::routing::{Affinity, Facts, IndexSize, Policy, Request, RoutingTable};
 use xxhash_rust::xxh3::xxh3_64;
 
 fn members(n: usize) -> Vec<(SocketAddr, u32)> {
@@ -33,7 +33,7 @@ fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group("rank");
     for n in [4, 64, 256] {
         for (name, policy) in [("first", Policy::default()), ("cost", cost.clone())] {
-            let router = Router::new(&policy, members(n));
+            let router = RoutingTable::new(&policy, members(n));
             let facts = |i: usize| Facts {
                 load: i % 3,
                 slots: 4,

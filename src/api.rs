@@ -4,7 +4,32 @@
 //! whether it takes a sequence slot and how its usage is read. A path not
 //! listed here is not proxied (404).
 
-use crate::accounting::Dialect;
+/// How a response reports usage (read by `accounting`), from the request's
+/// API ([`Api::dialect`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    /// OpenAI `/v1/chat/completions` and `/v1/completions`.
+    Completions,
+    /// OpenAI `/v1/responses`.
+    Responses,
+    /// Anthropic `/v1/messages`.
+    Messages,
+}
+
+/// The longest response id the gateway keeps or asks about: vLLM's are
+/// `resp_` and 16 hex digits; a longer one is not a vLLM id.
+pub const MAX_RESPONSE_ID_BYTES: usize = 256;
+
+/// Whether `id` may be a stored response's id: short, and only the
+/// characters an id is made of (it goes into a request path when the
+/// backends are asked).
+pub fn valid_response_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= MAX_RESPONSE_ID_BYTES
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
 
 /// A proxied POST's API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -133,7 +158,7 @@ pub fn stored_response(method: &http::Method, path: &str) -> Option<String> {
         (&http::Method::GET, None) => rest,
         _ => return None,
     };
-    crate::routing::owners::valid_id(id).then(|| id.to_string())
+    valid_response_id(id).then(|| id.to_string())
 }
 
 #[cfg(test)]

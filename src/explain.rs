@@ -2,7 +2,7 @@
 //! would try them, printed without starting the daemon, so an operator can
 //! answer "where does session K go, and where next if that GPU fails?".
 //!
-//! The order is [`Router::rank`]'s, the daemon's own, with no backend
+//! The order is [`RoutingTable::rank`]'s, the daemon's own, with no backend
 //! excluded and no load. DNS names are resolved as the daemon resolves them
 //! at start (`discovery::resolve_at_start`), and each backend is shown as
 //! the rendezvous hash reads it: its resolved `IP:port`.
@@ -17,7 +17,7 @@ use pingora::server::configuration::ServerConf;
 use crate::api::Api;
 use crate::config::{GatewayConfig, ModelConfig};
 use crate::discovery::{self, Entries};
-use crate::routing::{rendezvous, Affinity, Facts, Keyless, Request, Router};
+use crate::routing::{rendezvous, Affinity, Facts, Keyless, Request, RoutingTable};
 
 const USAGE: &str =
     "usage: poimen-gateway route -c FILE --model M (--key K | --body FILE) [--path PATH]";
@@ -63,7 +63,7 @@ pub fn explain(model: &ModelConfig, entries: &Entries, query: Query) -> Vec<Stri
         ),
     };
     let members = entries.members();
-    let router = Router::new(policy, members.iter().copied());
+    let router = RoutingTable::new(policy, members.iter().copied());
     let mut lines = vec![format!("model {}, {why}", model.name)];
     for (name, addrs) in entries.resolved_names() {
         let addrs: Vec<String> = addrs.iter().map(|a| a.to_string()).collect();
@@ -95,7 +95,7 @@ pub fn explain(model: &ModelConfig, entries: &Entries, query: Query) -> Vec<Stri
 /// The rendezvous order for `key` (which `affinity` carries), best first.
 fn ranked(
     members: &[(SocketAddr, u32)],
-    router: &Router,
+    router: &RoutingTable,
     affinity: Affinity,
     key: &[u8],
 ) -> Vec<String> {
@@ -125,7 +125,7 @@ fn ranked(
 }
 
 /// No key: every backend takes turns.
-fn round_robin(members: &[(SocketAddr, u32)], router: &Router) -> Vec<String> {
+fn round_robin(members: &[(SocketAddr, u32)], router: &RoutingTable) -> Vec<String> {
     let width = address_width(router);
     let mut lines = vec![
         "round-robin: each request takes the next backend in turn, as often as its weight".into(),
@@ -147,7 +147,7 @@ fn weight(members: &[(SocketAddr, u32)], addr: &SocketAddr) -> u32 {
         .map_or(0, |(_, w)| *w)
 }
 
-fn address_width(router: &Router) -> usize {
+fn address_width(router: &RoutingTable) -> usize {
     router
         .addrs()
         .iter()
@@ -161,13 +161,14 @@ fn address_width(router: &Router) -> usize {
 pub struct Args {
     pub config: PathBuf,
     pub model: String,
-    pub input: Input,
+    pub given: Given,
     /// The endpoint a body is sent to.
     pub path: String,
 }
 
+/// What the request to explain is given by: a key, or a body in a file.
 #[derive(Debug, PartialEq)]
-pub enum Input {
+pub enum Given {
     Key(String),
     Body(PathBuf),
 }
@@ -198,13 +199,13 @@ pub fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Option<Arg
     };
     let config = config.ok_or("a configuration file is required: -c FILE")?;
     let model = text(model.ok_or("--model is required")?, "--model")?;
-    let input = match (key, body) {
+    let given = match (key, body) {
         (Some(k), None) => match text(k, "--key")? {
             // The daemon takes an empty header for no header.
             k if k.is_empty() => return Err("--key is empty: an empty key is no key".into()),
-            k => Input::Key(k),
+            k => Given::Key(k),
         },
-        (None, Some(b)) => Input::Body(b.into()),
+        (None, Some(b)) => Given::Body(b.into()),
         (None, None) => return Err("--key K or --body FILE is required".into()),
         (Some(_), Some(_)) => return Err("give --key or --body, not both".into()),
     };
@@ -215,7 +216,7 @@ pub fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Option<Arg
     Ok(Some(Args {
         config: config.into(),
         model,
-        input,
+        given,
         path,
     }))
 }
@@ -268,9 +269,9 @@ fn route(args: &Args) -> Result<Vec<String>, String> {
     }
     let (_, entries) = resolved.models.swap_remove(index);
     let body;
-    let query = match &args.input {
-        Input::Key(key) => Query::Key(key),
-        Input::Body(at) => {
+    let query = match &args.given {
+        Given::Key(key) => Query::Key(key),
+        Given::Body(at) => {
             body = std::fs::read(at).map_err(|e| format!("{}: cannot read: {e}", at.display()))?;
             Query::Body {
                 path: &args.path,
@@ -441,7 +442,7 @@ mod tests {
             Ok(Some(Args {
                 config: "g.yaml".into(),
                 model: "m".into(),
-                input: Input::Key("k".into()),
+                given: Given::Key("k".into()),
                 path: DEFAULT_PATH.into(),
             }))
         );
@@ -457,8 +458,8 @@ mod tests {
         ]);
         let body = body.unwrap().unwrap();
         assert_eq!(
-            (body.input, body.path.as_str()),
-            (Input::Body("b.json".into()), "/v1/completions")
+            (body.given, body.path.as_str()),
+            (Given::Body("b.json".into()), "/v1/completions")
         );
         assert_eq!(parse(&["--model", "m", "--help"]), Ok(None));
         let refused: [(&[&str], &str); 8] = [

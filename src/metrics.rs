@@ -18,8 +18,6 @@ use prometheus::{
     IntGaugeVec, Opts,
 };
 
-use crate::admission::Gauges;
-
 fn counter(name: &str, help: &str) -> IntCounter {
     register_int_counter!(name, help).expect("metric names are unique and valid")
 }
@@ -101,9 +99,9 @@ pub static TENANT_IN_FLIGHT: LazyLock<IntGaugeVec> = LazyLock::new(|| {
     )
 });
 
-pub static INFLIGHT: LazyLock<IntGaugeVec> = LazyLock::new(|| {
+pub static IN_FLIGHT: LazyLock<IntGaugeVec> = LazyLock::new(|| {
     gauge_vec(
-        "poimen_gateway_inflight",
+        "poimen_gateway_in_flight",
         "Requests holding a slot on the backend",
         BACKEND,
     )
@@ -163,7 +161,8 @@ pub static LOG_LINES_DROPPED: LazyLock<IntCounter> = LazyLock::new(|| {
     )
 });
 
-/// Requests refused with 401, by `auth::Reason` (a fixed set of labels).
+/// Requests refused with 401, by reason (`auth::Reason`, a fixed set of
+/// labels).
 pub static AUTH_FAILURES: LazyLock<IntCounterVec> = LazyLock::new(|| {
     counter_vec(
         "poimen_gateway_auth_failures_total",
@@ -180,11 +179,11 @@ pub static JWKS_REFRESH_FAILURES: LazyLock<IntCounter> = LazyLock::new(|| {
     )
 });
 
-/// Create the authentication series at zero, so an alert on a rate sees
-/// the first failure.
-pub fn init_auth(jwks_url: bool) {
-    for reason in crate::auth::Reason::ALL {
-        AUTH_FAILURES.with_label_values(&[reason.as_str()]);
+/// Create the authentication series (one per refusal `reason`) at zero,
+/// so an alert on a rate sees the first failure.
+pub fn init_auth(reasons: impl IntoIterator<Item = &'static str>, jwks_url: bool) {
+    for reason in reasons {
+        AUTH_FAILURES.with_label_values(&[reason]);
     }
     if jwks_url {
         LazyLock::force(&JWKS_REFRESH_FAILURES);
@@ -383,14 +382,6 @@ impl ModelSeries {
     }
 }
 
-/// The gauges one backend's admission keeps current.
-pub fn admission_gauges(model: &str, backend: &str) -> Gauges {
-    Gauges {
-        inflight: INFLIGHT.with_label_values(&[model, backend]),
-        queued: QUEUE_DEPTH.with_label_values(&[model, backend]),
-    }
-}
-
 /// Create every labelled series at zero, so dashboards and alerts see a
 /// backend before its first event.
 pub fn init_backend(model: &str, backend: &str) {
@@ -411,7 +402,7 @@ pub fn init_discovery(model: &str) {
 /// Remove every series of a backend that left the set and is idle, so
 /// that backends coming and going do not add series without end.
 pub fn remove_backend(model: &str, backend: &str) {
-    for vec in [&*INFLIGHT, &*QUEUE_DEPTH] {
+    for vec in [&*IN_FLIGHT, &*QUEUE_DEPTH] {
         let _ = vec.remove_label_values(&[model, backend]);
     }
     for vec in [

@@ -76,7 +76,7 @@ async fn thirty_requests_on_four_slots_and_twenty_places() {
         .await;
     assert_eq!(rejected, 6.0);
     assert_eq!(
-        backend_metric(&gw, "poimen_gateway_inflight", &b).await,
+        backend_metric(&gw, "poimen_gateway_in_flight", &b).await,
         0.0
     );
     assert_eq!(
@@ -120,7 +120,7 @@ async fn slots_and_places_come_back_when_clients_leave() {
     })
     .await;
     assert_eq!(
-        backend_metric(&gw, "poimen_gateway_inflight", &b).await,
+        backend_metric(&gw, "poimen_gateway_in_flight", &b).await,
         1.0
     );
 
@@ -141,7 +141,7 @@ async fn slots_and_places_come_back_when_clients_leave() {
     // A client gone mid-stream frees its slot and cancels the upstream request.
     drop(stream);
     eventually("slot free", || async {
-        backend_metric(&gw, "poimen_gateway_inflight", &b).await == 0.0
+        backend_metric(&gw, "poimen_gateway_in_flight", &b).await == 0.0
     })
     .await;
     eventually("upstream cancelled", || async { b.inflight() == 0 }).await;

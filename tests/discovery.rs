@@ -379,7 +379,7 @@ async fn localhost_and_a_port_resolves_from_the_system_configuration() {
 /// Requests holding a slot on `backend`, as the gateway reports them.
 async fn inflight(gw: &Gateway, backend: SocketAddr) -> f64 {
     let backend = backend.to_string();
-    gw.metric("poimen_gateway_inflight", &[("backend", &backend)])
+    gw.metric("poimen_gateway_in_flight", &[("backend", &backend)])
         .await
 }
 

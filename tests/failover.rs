@@ -162,8 +162,20 @@ async fn a_client_leaving_before_the_answer_is_not_a_backend_failure() {
             .await
             .is_err());
     }
-    // Waited out past the backends' 800 ms answers: that no retry follows is the point.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Until no request is left anywhere: at the backends (their 800 ms
+    // answers) and at the gateway (a retry would hold a slot there).
+    let slots = |b: &FakeBackend| {
+        let backend = b.addr.to_string();
+        let gw = &gw;
+        async move {
+            gw.metric("poimen_gateway_in_flight", &[("backend", &backend)])
+                .await
+        }
+    };
+    eventually("every abandoned request over", || async {
+        a.inflight() + b.inflight() == 0 && slots(&a).await + slots(&b).await == 0.0
+    })
+    .await;
     // Each abandoned request reached one backend once: no retry elsewhere.
     assert_eq!(a.count() + b.count(), 4);
     let health: serde_json::Value = get(&gw, "/health").await.json().await.unwrap();

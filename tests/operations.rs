@@ -9,7 +9,7 @@ use crate::support::{chat, client, eventually, get, header, FakeBackend, Gateway
 
 async fn inflight(gw: &Gateway, b: &FakeBackend) -> f64 {
     gw.metric(
-        "poimen_gateway_inflight",
+        "poimen_gateway_in_flight",
         &[("model", "m"), ("backend", &b.addr.to_string())],
     )
     .await

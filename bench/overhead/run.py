@@ -764,7 +764,7 @@ def rss_part(a, T: int, wd: Path, procs: C.Procs, bins: Path) -> dict:
     time.sleep(2.0)
     rss_after = C.rss_kib(gw_rss.pid)
     m_rss = C.http_get(f"http://127.0.0.1:{rss_metrics}/metrics")
-    inflight_after = C.prom_values(m_rss, "poimen_gateway_inflight")
+    inflight_after = C.prom_values(m_rss, "poimen_gateway_in_flight")
     hold["failures"] = C.prom_values(m_rss, "poimen_gateway_backend_failures_total")
     print(f"  {hold['open']} streams open after {hold['open_secs']:.1f}s: RSS "
           f"{C.median(hold['rss_kib']) / 1024:.1f} MiB (samples {hold['rss_kib']}); after closing "
@@ -1021,7 +1021,7 @@ def render(a, T, targets, sat, paced, sse, rss, bins, elapsed, failures) -> str:
           f"(client + upstream connection, buffers, task); opening all took {hold['open_secs']:.1f} s; "
           f"gateway threads: {hold['threads']}")
         w(f"- responses: {hold['statuses']}, client errors {hold['n_errors']}; "
-          f"`poimen_gateway_inflight` after closing: {inflight_after:g} (slots freed on client disconnect); "
+          f"`poimen_gateway_in_flight` after closing: {inflight_after:g} (slots freed on client disconnect); "
           f"backend failures counted: {hold['failures']:g} (closing a stream after its headers is not one)")
         w("")
     return "\n".join(L) + "\n"

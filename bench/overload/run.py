@@ -157,7 +157,7 @@ def render(a, res, solo_secs, capacity, rss_idle, rss_after, metrics, sims, solo
     lags = [x * 1000 for x in res["lags"]]
     codes = prom_by_label(metrics, "poimen_gateway_requests_total", "code")
     rejected = prom_by_label(metrics, "poimen_gateway_queue_rejected_total", "reason")
-    inflight = C.prom_values(metrics, "poimen_gateway_inflight")
+    inflight = C.prom_values(metrics, "poimen_gateway_in_flight")
     depth = C.prom_values(metrics, "poimen_gateway_queue_depth")
     sim_ok = sum(s["successes"] for s in sims) - len([r for r in solo["records"] if r["status"] == 200])
     sim_req = sum(s["requests"] for s in sims) - len(solo["records"])

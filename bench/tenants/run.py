@@ -118,7 +118,7 @@ def wait_idle(gw: Gw, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         m = gw.scrape()
-        if C.prom_values(m, "poimen_gateway_inflight") == 0 and C.prom_values(m, "poimen_gateway_queue_depth") == 0:
+        if C.prom_values(m, "poimen_gateway_in_flight") == 0 and C.prom_values(m, "poimen_gateway_queue_depth") == 0:
             return
         time.sleep(0.1)
     raise RuntimeError(f"gateway {gw.mode} still busy {timeout}s after the load")

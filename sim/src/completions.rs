@@ -15,8 +15,8 @@ use http::{HeaderMap, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use serde_json::Value;
 
-use crate::api::{self, ApiError, Body};
 use crate::app::{unix_now, App};
+use crate::common::{self, ApiError, Body};
 use crate::conversation::chat_prompt;
 use crate::engine::{self, Job};
 use crate::shapes::{self, ChatChunkChoice, Chunk, Delta, Meta, TextChoice};
@@ -77,14 +77,14 @@ pub async fn handle(app: &Arc<App>, kind: Kind, req: Request<Incoming>) -> Respo
 /// the body.
 pub async fn begin(app: &App, req: Request<Incoming>) -> Result<Bytes, ApiError> {
     gate(app, req.headers()).await?;
-    api::read_body(req).await
+    common::read_body(req).await
 }
 
 /// Counts a generation request (keeping its headers for tests) and applies
 /// the faults.
 pub async fn gate(app: &App, headers: &HeaderMap) -> Result<(), ApiError> {
     app.metrics.record_request(headers);
-    api::fault_gate(app).await
+    common::fault_gate(app).await
 }
 
 /// `vllm-num-cached-tokens` (with `--cached-tokens-header`): known at
@@ -103,8 +103,8 @@ async fn complete(job: Job, meta: &Meta, kind: Kind) -> Response<Body> {
     let usage = job.usage();
     job.succeed();
     match kind {
-        Kind::Chat => api::json(StatusCode::OK, &shapes::chat_completion(meta, text, usage)),
-        Kind::Text => api::json(StatusCode::OK, &shapes::text_completion(meta, text, usage)),
+        Kind::Chat => common::json(StatusCode::OK, &shapes::chat_completion(meta, text, usage)),
+        Kind::Text => common::json(StatusCode::OK, &shapes::text_completion(meta, text, usage)),
     }
 }
 

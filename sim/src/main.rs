@@ -6,6 +6,7 @@ mod api;
 mod app;
 mod batch;
 mod cache;
+mod common;
 mod completions;
 mod config;
 mod conversation;

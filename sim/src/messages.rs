@@ -22,8 +22,8 @@ use http::{HeaderMap, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use serde_json::Value;
 
-use crate::api::{self, ApiError, Body};
 use crate::app::App;
+use crate::common::{self, ApiError, Body};
 use crate::completions::{self, add_cached_header, output_text, TOKEN_TEXT};
 use crate::conversation::{render, Turn};
 use crate::engine::{self, Job};
@@ -74,7 +74,7 @@ pub async fn create(app: &Arc<App>, req: Request<Incoming>) -> Response<Body> {
             stop_reason: STOP_REASON,
             usage: final_usage(&job),
         };
-        let r = api::json(StatusCode::OK, &m);
+        let r = common::json(StatusCode::OK, &m);
         job.succeed();
         r
     };
@@ -85,7 +85,7 @@ pub async fn create(app: &Arc<App>, req: Request<Incoming>) -> Response<Body> {
 /// `POST /v1/messages/count_tokens`: the prompt the same request would
 /// have, counted; nothing runs.
 pub async fn count_tokens(app: &App, req: Request<Incoming>) -> Response<Body> {
-    if let Err(e) = api::fault_gate(app).await {
+    if let Err(e) = common::fault_gate(app).await {
         return anthropic(e);
     }
     let v = match read(req, false).await {
@@ -97,7 +97,7 @@ pub async fn count_tokens(app: &App, req: Request<Incoming>) -> Response<Body> {
         Err(e) => return anthropic(e),
     };
     let n = tokens_of(&render(&turns));
-    api::json(
+    common::json(
         StatusCode::OK,
         &CountTokens {
             input_tokens: n,
@@ -119,7 +119,7 @@ fn request_id(h: &HeaderMap) -> Option<String> {
 }
 
 fn anthropic(e: ApiError) -> Response<Body> {
-    api::json(e.status, &ErrorBody::from(e))
+    common::json(e.status, &ErrorBody::from(e))
 }
 
 fn final_usage(job: &Job) -> Usage {
@@ -184,7 +184,7 @@ async fn produce(job: &Job, tx: &SseSender, id: &str, model: &str) -> Result<(),
 /// non-empty `model`, `messages`, and for `/v1/messages` a positive
 /// `max_tokens`); failures are 400s in the OpenAI shape.
 async fn read(req: Request<Incoming>, needs_max_tokens: bool) -> Result<Value, ApiError> {
-    let v = completions::json_object(&api::read_body(req).await?)?;
+    let v = completions::json_object(&common::read_body(req).await?)?;
     match v.get("model") {
         Some(Value::String(m)) if !m.is_empty() => {}
         Some(Value::String(_)) => {

@@ -5,7 +5,7 @@
 
 use serde::Serialize;
 
-use crate::api::ApiError;
+use crate::common::ApiError;
 
 /// `AnthropicUsage`. The cache keys are absent where vLLM had no cache
 /// details yet (the stream's `message_start`).

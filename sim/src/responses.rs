@@ -20,8 +20,8 @@ use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use serde_json::Value;
 
-use crate::api::{self, ApiError, Body};
 use crate::app::{unix_now, App};
+use crate::common::{self, ApiError, Body};
 use crate::completions::{self, add_cached_header, output_text, TOKEN_TEXT};
 use crate::conversation::{content_text, render, Turn};
 use crate::engine::{self, Job};
@@ -73,7 +73,7 @@ pub async fn create(app: &Arc<App>, req: Request<Incoming>) -> Response<Body> {
         job.run_to_end().await;
         let body = pending.finish(&job);
         job.succeed();
-        api::json_bytes(StatusCode::OK, body)
+        common::json_bytes(StatusCode::OK, body)
     };
     add_cached_header(app, &mut resp, cached);
     resp
@@ -81,7 +81,7 @@ pub async fn create(app: &Arc<App>, req: Request<Incoming>) -> Response<Body> {
 
 /// `GET /v1/responses/{id}`: the stored object, as first sent.
 pub async fn retrieve(app: &App, id: &str) -> Response<Body> {
-    if let Err(e) = api::fault_gate(app).await {
+    if let Err(e) = common::fault_gate(app).await {
         return e.into_response();
     }
     let found = app
@@ -91,7 +91,7 @@ pub async fn retrieve(app: &App, id: &str) -> Response<Body> {
         .get(id)
         .map(|s| s.body.clone());
     match found {
-        Some(body) => api::json_bytes(StatusCode::OK, body),
+        Some(body) => common::json_bytes(StatusCode::OK, body),
         None => not_found(id).into_response(),
     }
 }
@@ -99,7 +99,7 @@ pub async fn retrieve(app: &App, id: &str) -> Response<Body> {
 /// `POST /v1/responses/{id}/cancel`: only background responses can be
 /// cancelled, and the simulator has none, so a stored one is refused.
 pub async fn cancel(app: &App, id: &str) -> Response<Body> {
-    if let Err(e) = api::fault_gate(app).await {
+    if let Err(e) = common::fault_gate(app).await {
         return e.into_response();
     }
     let known = app.responses.lock().expect("store lock").get(id).is_some();

@@ -39,7 +39,7 @@ pub fn channel() -> (SseSender, SseBody) {
 
 /// The streamed answer's head: the SSE content type as vLLM's server
 /// (Starlette) sends it, with the charset it adds to text/* types.
-pub fn response(body: SseBody) -> Response<crate::api::Body> {
+pub fn response(body: SseBody) -> Response<crate::common::Body> {
     let mut r = Response::new(body.boxed());
     let h = r.headers_mut();
     h.insert(

@@ -9,8 +9,8 @@ use hyper::body::Incoming;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::api::{self, ApiError, Body};
 use crate::app::App;
+use crate::common::{self, ApiError, Body};
 use crate::completions::{check_model, json_object};
 use crate::conversation::chat_prompt;
 use crate::tokenize::{detokenize as text_of, token_ids};
@@ -28,7 +28,7 @@ pub async fn tokenize(app: &App, req: Request<Incoming>) -> Response<Body> {
     match read(app, req).await.and_then(|v| prompt_of(&v)) {
         Ok(prompt) => {
             let tokens = token_ids(&prompt);
-            api::json(
+            common::json(
                 StatusCode::OK,
                 &Tokens {
                     count: tokens.len(),
@@ -54,7 +54,7 @@ pub async fn detokenize(app: &App, req: Request<Incoming>) -> Response<Body> {
             .ok_or_else(|| ApiError::bad_request("'tokens' must be an array of token ids".into()))
     });
     match ids {
-        Ok(ids) => api::json(
+        Ok(ids) => common::json(
             StatusCode::OK,
             &serde_json::json!({ "prompt": text_of(&ids) }),
         ),
@@ -63,8 +63,8 @@ pub async fn detokenize(app: &App, req: Request<Incoming>) -> Response<Body> {
 }
 
 async fn read(app: &App, req: Request<Incoming>) -> Result<Value, ApiError> {
-    api::fault_gate(app).await?;
-    let v = json_object(&api::read_body(req).await?)?;
+    common::fault_gate(app).await?;
+    let v = json_object(&common::read_body(req).await?)?;
     check_model(app, &v)?;
     Ok(v)
 }

@@ -48,17 +48,7 @@
 use serde::de::IgnoredAny;
 use serde::Deserialize;
 
-/// How a response reports usage, chosen by the caller from the request's
-/// API (`crate::api::Api::dialect`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Dialect {
-    /// OpenAI `/v1/chat/completions` and `/v1/completions`.
-    Completions,
-    /// OpenAI `/v1/responses`.
-    Responses,
-    /// Anthropic `/v1/messages`.
-    Messages,
-}
+pub use crate::api::Dialect;
 
 /// What vLLM reported about one request's tokens; `None` is unknown, never
 /// zero.

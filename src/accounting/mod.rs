@@ -116,7 +116,7 @@ impl Tracker {
 
     /// The Responses API's response id, from the moment the body gave it
     /// (the first bytes of a JSON body, the first event of a stream); ids
-    /// over [`scanner::MAX_ID_BYTES`] are ignored.
+    /// over [`scanner::MAX_RESPONSE_ID_BYTES`] are ignored.
     pub fn response_id(&self) -> Option<&str> {
         match &self.body {
             BodyScan::None => None,

@@ -61,19 +61,20 @@ const REQUEST: u64 = 1 << 24;
 /// The classes in the order they are served; a class indexes by `as usize`.
 const CLASSES: [Class; 2] = [Class::Agent, Class::Warmup];
 
-/// Who a request is for, as admission tells them apart: by name. Cheap to
-/// clone (the name is shared) and compare.
+/// A tenant as admission sees it: its name, and its weight (its share of
+/// a backend's slots against the other tenants'). Cheap to clone (the
+/// name is shared) and compare.
 #[derive(Debug, Clone)]
-pub struct Tenant {
+pub struct Share {
     name: Arc<str>,
     weight: u32,
 }
 
-impl Tenant {
+impl Share {
     /// `weight`: its share relative to the others, 1 to [`MAX_WEIGHT`]
     /// (clamped: a weight 0 would make its requests free).
     pub fn new(name: impl Into<Arc<str>>, weight: u32) -> Self {
-        Tenant {
+        Share {
             name: name.into(),
             weight: weight.clamp(1, MAX_WEIGHT),
         }
@@ -84,7 +85,7 @@ impl Tenant {
         &self.name
     }
 
-    fn is(&self, other: &Tenant) -> bool {
+    fn is(&self, other: &Share) -> bool {
         Arc::ptr_eq(&self.name, &other.name) || self.name == other.name
     }
 
@@ -107,7 +108,7 @@ pub struct Line<T> {
 }
 
 struct Entry<T> {
-    tenant: Tenant,
+    tenant: Share,
     /// Per class.
     lanes: [Lane<T>; 2],
 }
@@ -148,7 +149,7 @@ impl<T> Line<T> {
     }
 
     /// Join the line (the caller checked there is room).
-    pub fn push(&mut self, class: Class, tenant: &Tenant, waiter: T) -> u64 {
+    pub fn push(&mut self, class: Class, tenant: &Share, waiter: T) -> u64 {
         let c = class as usize;
         let i = match self.tenants.iter().position(|e| e.tenant.is(tenant)) {
             Some(i) => i,
@@ -205,7 +206,7 @@ impl<T> Line<T> {
     pub fn make_room(
         &mut self,
         class: Class,
-        tenant: &Tenant,
+        tenant: &Share,
         depth: usize,
     ) -> Result<Option<T>, AdmitError> {
         if self.len() < depth {

@@ -15,7 +15,7 @@ fn queued(t: Ticket) -> Place {
 /// Waiting requests, each with the name the order shows it by.
 type Waiting = Vec<(&'static str, Place)>;
 
-fn join(a: &Arc<Admission>, waiting: &mut Waiting, tenant: &Tenant, name: &'static str) {
+fn join(a: &Arc<Admission>, waiting: &mut Waiting, tenant: &Share, name: &'static str) {
     waiting.push((name, queued(a.try_enter(Class::Agent, tenant).unwrap())));
 }
 
@@ -50,7 +50,7 @@ fn displaced(place: &mut Place) -> bool {
 #[test]
 fn weights_3_to_1_both_waiting_are_served_30_to_10_interleaved() {
     let a = admission(1, 100);
-    let (ta, tb) = (Tenant::new("A", 3), Tenant::new("B", 1));
+    let (ta, tb) = (Share::new("A", 3), Share::new("B", 1));
     let held = ready(a.try_enter(Class::Agent, &tb).unwrap());
     let mut waiting = Vec::new();
     for _ in 0..40 {
@@ -65,7 +65,7 @@ fn weights_3_to_1_both_waiting_are_served_30_to_10_interleaved() {
 #[test]
 fn a_tenant_alone_gets_every_slot_whatever_its_weight() {
     let a = admission(2, 10);
-    let (light, heavy) = (Tenant::new("L", 1), Tenant::new("H", 1000));
+    let (light, heavy) = (Share::new("L", 1), Share::new("H", 1000));
     let held = ready(a.try_enter(Class::Agent, &light).unwrap());
     let _other = ready(a.try_enter(Class::Agent, &light).unwrap());
     let mut waiting = Vec::new();
@@ -84,7 +84,7 @@ fn a_tenant_alone_gets_every_slot_whatever_its_weight() {
 #[test]
 fn a_tenant_back_from_idle_gets_its_share_not_a_burst() {
     let a = admission(1, 100);
-    let (ta, tb) = (Tenant::new("A", 1), Tenant::new("B", 1));
+    let (ta, tb) = (Share::new("A", 1), Share::new("B", 1));
     let held = ready(a.try_enter(Class::Agent, &ta).unwrap());
     let mut waiting = Vec::new();
     for _ in 0..20 {
@@ -102,7 +102,7 @@ fn a_tenant_back_from_idle_gets_its_share_not_a_burst() {
 #[test]
 fn a_tenant_that_rejoins_at_once_still_waits_its_turn() {
     let a = admission(1, 100);
-    let (ta, tb) = (Tenant::new("A", 1), Tenant::new("B", 1));
+    let (ta, tb) = (Share::new("A", 1), Share::new("B", 1));
     let mut held = ready(a.try_enter(Class::Agent, &ta).unwrap());
     let mut waiting = Vec::new();
     for _ in 0..5 {
@@ -125,7 +125,7 @@ fn a_tenant_that_rejoins_at_once_still_waits_its_turn() {
 #[tokio::test(start_paused = true)]
 async fn a_tenant_under_its_share_takes_the_newest_place_of_the_one_over_it() {
     let a = admission(1, 6);
-    let (ta, tb) = (Tenant::new("A", 1), Tenant::new("B", 2));
+    let (ta, tb) = (Share::new("A", 1), Share::new("B", 2));
     let held = ready(a.try_enter(Class::Agent, &ta).unwrap());
     let mut a_places: Vec<Place> = (0..6)
         .map(|_| queued(a.try_enter(Class::Agent, &ta).unwrap()))
@@ -163,7 +163,7 @@ async fn a_tenant_under_its_share_takes_the_newest_place_of_the_one_over_it() {
 #[test]
 fn between_tenants_as_far_over_their_share_the_newest_request_loses_its_place() {
     let a = admission(1, 4);
-    let [ta, tb, tc] = ["A", "B", "C"].map(|n| Tenant::new(n, 1));
+    let [ta, tb, tc] = ["A", "B", "C"].map(|n| Share::new(n, 1));
     let _held = ready(a.try_enter(Class::Agent, &ta).unwrap());
     let mut places: Vec<Place> = [&ta, &ta, &tc, &tc]
         .map(|t| queued(a.try_enter(Class::Agent, t).unwrap()))
@@ -189,7 +189,7 @@ fn between_tenants_as_far_over_their_share_the_newest_request_loses_its_place() 
 #[test]
 fn a_warmup_never_takes_an_agents_place_an_agent_takes_a_warmups_first() {
     let a = admission(1, 3);
-    let [ta, tb, tc] = ["A", "B", "C"].map(|n| Tenant::new(n, 1));
+    let [ta, tb, tc] = ["A", "B", "C"].map(|n| Share::new(n, 1));
     let held = ready(a.try_enter(Class::Agent, &ta).unwrap());
     let mut a1 = queued(a.try_enter(Class::Agent, &ta).unwrap());
     let mut a2 = queued(a.try_enter(Class::Agent, &ta).unwrap());
@@ -211,7 +211,7 @@ fn a_warmup_never_takes_an_agents_place_an_agent_takes_a_warmups_first() {
 #[tokio::test(start_paused = true)]
 async fn displaced_timed_out_and_dropped_waiters_leave_nothing_behind() {
     let a = admission(1, 3);
-    let (ta, tb) = (Tenant::new("A", 1), Tenant::new("B", 1));
+    let (ta, tb) = (Share::new("A", 1), Share::new("B", 1));
     let held = ready(a.try_enter(Class::Agent, &ta).unwrap());
     let [a1, a2, a3] = [(); 3].map(|()| a.try_enter(Class::Agent, &ta).unwrap());
     let b1 = a.try_enter(Class::Agent, &tb).unwrap();
@@ -244,7 +244,7 @@ fn load_feedback_grants_in_the_fair_order() {
         replicas: 2,
     };
     let a = with_feedback(2, 10, Some(fleet));
-    let (ta, tb) = (Tenant::new("A", 1), Tenant::new("B", 1));
+    let (ta, tb) = (Share::new("A", 1), Share::new("B", 1));
     let held = ready(a.try_enter(Class::Agent, &ta).unwrap());
     let _other = ready(a.try_enter(Class::Agent, &ta).unwrap());
     let mut waiting = Vec::new();

@@ -29,7 +29,7 @@ use prometheus::IntGauge;
 use tokio::sync::oneshot;
 
 use fair::Line;
-pub use fair::{Tenant, MAX_WEIGHT};
+pub use fair::{Share, MAX_WEIGHT};
 use feedback::Feedback;
 pub use feedback::Fleet;
 
@@ -48,18 +48,20 @@ pub enum AdmitError {
     QueueTimeout,
 }
 
+/// What one backend takes from this gateway: requests holding a slot,
+/// and requests waiting for one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
+pub struct Capacity {
     pub max_num_seqs: usize,
     pub max_queue_depth: usize,
 }
 
-impl Limits {
+impl Capacity {
     /// One replica's share when `replicas` gateways admit to the same
     /// backend: each limit divided, rounded up so that no replica is left
     /// without a slot (together they may exceed it by `replicas - 1`).
-    pub fn shared_by(self, replicas: usize) -> Limits {
-        Limits {
+    pub fn shared_by(self, replicas: usize) -> Capacity {
+        Capacity {
             max_num_seqs: self.max_num_seqs.div_ceil(replicas),
             max_queue_depth: self.max_queue_depth.div_ceil(replicas),
         }
@@ -73,7 +75,7 @@ pub struct Gauges {
 }
 
 pub struct Admission {
-    limits: Limits,
+    limits: Capacity,
     state: Mutex<State>,
     /// In flight plus queued, readable without the lock (routing reads it).
     load: AtomicUsize,
@@ -97,7 +99,7 @@ impl State {
         self.line.len()
     }
 
-    fn slot_limit(&self, limits: Limits, now: Instant) -> usize {
+    fn slot_limit(&self, limits: Capacity, now: Instant) -> usize {
         match &self.feedback {
             Some(f) => f.limit(now),
             None => limits.max_num_seqs,
@@ -109,7 +111,7 @@ impl Admission {
     /// `feedback`: with `scheduler.load_feedback`, the backend as the
     /// replicas share it (its whole `max_num_seqs` is the most slots its
     /// reports may lend this replica).
-    pub fn new(limits: Limits, feedback: Option<Fleet>, gauges: Gauges) -> Arc<Self> {
+    pub fn new(limits: Capacity, feedback: Option<Fleet>, gauges: Gauges) -> Arc<Self> {
         let state = State {
             running: 0,
             line: Line::default(),
@@ -124,7 +126,7 @@ impl Admission {
         })
     }
 
-    pub fn limits(&self) -> Limits {
+    pub fn limits(&self) -> Capacity {
         self.limits
     }
 
@@ -166,11 +168,7 @@ impl Admission {
 
     /// Take a slot if one is free, else a queue place if one is free or
     /// `tenant` may take one (see `fair`), else refuse. Never waits.
-    pub fn try_enter(
-        self: &Arc<Self>,
-        class: Class,
-        tenant: &Tenant,
-    ) -> Result<Ticket, AdmitError> {
+    pub fn try_enter(self: &Arc<Self>, class: Class, tenant: &Share) -> Result<Ticket, AdmitError> {
         let now = Instant::now();
         let mut st = self.lock();
         // With feedback the limit may have risen since the last release (a
@@ -190,7 +188,7 @@ impl Admission {
         self: &Arc<Self>,
         st: &mut State,
         class: Class,
-        tenant: &Tenant,
+        tenant: &Share,
         now: Instant,
     ) -> Result<Ticket, AdmitError> {
         if st.running < st.slot_limit(self.limits, now) && st.line.is_empty() {

@@ -3,7 +3,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::LazyLock;
 
 /// The one tenant of the tests written before tenants.
-static ONE: LazyLock<Tenant> = LazyLock::new(|| Tenant::new("one", 1));
+static ONE: LazyLock<Share> = LazyLock::new(|| Share::new("one", 1));
 
 pub(super) fn admission(max_num_seqs: usize, max_queue_depth: usize) -> Arc<Admission> {
     with_feedback(max_num_seqs, max_queue_depth, None)
@@ -15,7 +15,7 @@ pub(super) fn with_feedback(
     fleet: Option<Fleet>,
 ) -> Arc<Admission> {
     Admission::new(
-        Limits {
+        Capacity {
             max_num_seqs,
             max_queue_depth,
         },

@@ -9,6 +9,7 @@
 
 pub mod fetch;
 pub mod jwks;
+pub mod jwks_url;
 pub mod jwt;
 #[cfg(test)]
 pub mod test_keys;

@@ -8,7 +8,7 @@ use serde::Deserialize;
 use super::address::{self, AddressFile, BackendConfig, Target};
 use super::entries::Entry;
 use super::scheduler::{NUM_SEQS, QUEUE_DEPTH};
-use crate::admission::{Fleet, Limits};
+use crate::admission::{Capacity, Fleet};
 use crate::field::{invalid, Invalid};
 use crate::routing::Policy;
 
@@ -33,7 +33,7 @@ pub struct ModelConfig {
     pub name: String,
     pub backends: Vec<BackendConfig>,
     /// Admission limits of each of this model's backends.
-    pub limits: Limits,
+    pub limits: Capacity,
     /// How this model's requests are routed.
     pub policy: Policy,
     /// With `scheduler.load_feedback`: the backend's whole `max_num_seqs`
@@ -57,7 +57,7 @@ const MAX_BACKENDS_PER_MODEL: usize = 256;
 /// model sets none of its own.
 pub fn validate(
     models: Vec<ModelFile>,
-    limits: Limits,
+    limits: Capacity,
     replicas: usize,
     load_feedback: bool,
     routing: &Policy,
@@ -85,7 +85,7 @@ pub fn validate(
 fn validate_model(
     path: &str,
     m: ModelFile,
-    defaults: Limits,
+    defaults: Capacity,
     replicas: usize,
     load_feedback: bool,
     routing: &Policy,
@@ -133,7 +133,7 @@ fn validate_model(
         }
         backends.push(address::backend(at, entry, target)?);
     }
-    let configured = Limits {
+    let configured = Capacity {
         max_num_seqs: match m.max_num_seqs {
             Some(n) => NUM_SEQS.check(&format!("{path}.max_num_seqs"), n)? as usize,
             None => defaults.max_num_seqs,

@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::ms;
-use crate::admission::Limits;
+use crate::admission::Capacity;
 use crate::field::{Bound, Invalid};
 
 #[derive(Debug, Deserialize)]
@@ -99,8 +99,8 @@ pub const QUEUE_TIMEOUT_MS: Bound<u64> =
 
 /// Every backend's limits unless its model sets its own (before they are
 /// shared between replicas), and the replicas.
-pub fn limits(s: &SchedulerFile) -> Result<(Limits, usize), Invalid> {
-    let limits = Limits {
+pub fn limits(s: &SchedulerFile) -> Result<(Capacity, usize), Invalid> {
+    let limits = Capacity {
         max_num_seqs: NUM_SEQS.check("gateway.scheduler.max_num_seqs", s.max_num_seqs)? as usize,
         max_queue_depth: QUEUE_DEPTH
             .check("gateway.scheduler.max_queue_depth", s.max_queue_depth)?

@@ -5,7 +5,7 @@
 use serde::Deserialize;
 
 use crate::field::{invalid, Bound, Invalid};
-use crate::tenants::{Limits, Spec};
+use crate::tenants::{Budget, Spec};
 
 #[derive(Debug, Deserialize)]
 #[cfg_attr(test, derive(schemars::JsonSchema))]
@@ -194,7 +194,7 @@ fn fields(at: &str, f: TenantFields) -> Result<Spec, Invalid> {
         |bound: Bound<u64>, k: &str, v: Option<u64>| v.map(|v| bound.check(&key(k), v)).transpose();
     Ok(Spec {
         weight: WEIGHT.check(&key("weight"), f.weight)? as u32,
-        limits: Limits {
+        limits: Budget {
             max_in_flight: opt(MAX_IN_FLIGHT, "max_in_flight", f.max_in_flight)?.map(|v| v as u32),
             requests_per_minute: opt(
                 REQUESTS_PER_MINUTE,

@@ -2,7 +2,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use super::*;
-use crate::admission::{Fleet, Limits};
+use crate::admission::{Capacity, Fleet};
 use crate::routing::{Keyless, Policy};
 
 pub(super) fn err(yaml: &str) -> String {
@@ -311,7 +311,7 @@ fn bad_scheduler_fields_are_named() {
 
 #[test]
 fn replicas_share_each_backends_limits_rounding_up() {
-    let limits = |seqs, depth| Limits {
+    let limits = |seqs, depth| Capacity {
         max_num_seqs: seqs,
         max_queue_depth: depth,
     };

@@ -378,11 +378,11 @@ mod tests {
 
     #[test]
     fn a_name_that_gains_a_fifth_ip_moves_a_fifth_of_its_keys_all_to_it() {
-        use crate::routing::{Affinity, Facts, Policy, Request, Router};
+        use crate::routing::{Affinity, Facts, Policy, Request, RoutingTable};
         let ip = |i: u8| SocketAddr::from(([10, 0, 0, i], 8000));
         let mut e = Entries::new(&[entry(0, name("vllm.test"), 1)]);
         let first = |e: &Entries, key: &str| {
-            let router = Router::new(&Policy::default(), e.members());
+            let router = RoutingTable::new(&Policy::default(), e.members());
             let req = Request::new(Affinity::Key(key.as_bytes()), &[]);
             router.rank(req, |_| Facts::default()).unwrap()[0].addr
         };

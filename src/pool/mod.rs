@@ -1,6 +1,6 @@
 //! One model's backends: the set (Pingora's `Backends`, fed by
 //! [`Discovery`], with its health registry when health checks are on), and
-//! the [`Members`] built from it: the [`Router`], the failure exclusion
+//! the [`Members`] built from it: the [`RoutingTable`], the failure exclusion
 //! window, each backend's admission and how to connect to it
 //! (plain or TLS).
 //!
@@ -26,22 +26,22 @@ use log::{error, info};
 use pingora::lb::{Backend, Backends, HealthCheckService, HealthRegistry};
 use pingora::prelude::HttpPeer;
 
-use crate::admission::{Admission, Fleet, Limits};
+use crate::admission::{Admission, Capacity, Fleet, Gauges};
 use crate::config::{HealthCheckConfig, ModelConfig};
 use crate::discovery::Discovery;
 use crate::failover::exclusion::{CurrentExclusions, Exclusions};
 use crate::failover::health::RestoreOnHealthy;
 use crate::metrics;
 use crate::routing::chain::BLOCK_TOKENS;
-use crate::routing::{Facts, Input, Owners, Plan, Router, Routing, Unroutable};
+use crate::routing::{Facts, ModelRouting, Owners, Plan, Routable, RoutingTable, Unroutable};
 use crate::tls::{self, BackendTls};
 pub use refresh::Refresh;
 
 pub struct ModelPool {
     pub name: String,
     /// The model's routing policy and the state it keeps.
-    pub routing: Routing,
-    limits: Limits,
+    pub routing: ModelRouting,
+    limits: Capacity,
     /// `scheduler.load_feedback`: the most slots a backend's reports may lend.
     load_feedback: Option<Fleet>,
     /// Pingora's view of the set: `update` runs discovery, and the health
@@ -56,7 +56,7 @@ pub struct ModelPool {
 /// One backend set and the state routing reads: replaced whole when the
 /// set changes.
 pub struct Members {
-    router: Router,
+    router: RoutingTable,
     exclusions: Arc<Exclusions>,
     backends: HashMap<SocketAddr, Member>,
     /// What routing reads of each member, in the router's order: a request
@@ -84,8 +84,8 @@ impl Members {
     /// on.
     pub fn route<'a>(
         &'a self,
-        routing: &'a Routing,
-        input: &'a Input,
+        routing: &'a ModelRouting,
+        input: &'a Routable,
         now: Instant,
     ) -> Result<Plan<'a, impl Fn(usize) -> Facts + 'a>, Unroutable> {
         // The health check's verdict is not used to exclude: a slow /health
@@ -137,7 +137,7 @@ impl Members {
 
 /// Each of `router`'s members as routing reads it, in the router's order.
 fn ranked(
-    router: &Router,
+    router: &RoutingTable,
     backends: &HashMap<SocketAddr, Member>,
     exclusions: &Exclusions,
 ) -> Vec<Ranked> {
@@ -181,7 +181,7 @@ impl ModelPool {
         owners: Arc<Owners>,
     ) -> (Self, Option<HealthCheckService>) {
         let members = Arc::new(ArcSwap::from_pointee(Members {
-            router: Router::new(&model.policy, []),
+            router: RoutingTable::new(&model.policy, []),
             exclusions: Arc::new(Exclusions::new(&[], window)),
             backends: HashMap::new(),
             ranked: Vec::new(),
@@ -200,7 +200,7 @@ impl ModelPool {
         }
         let pool = ModelPool {
             name: model.name.clone(),
-            routing: Routing::new(model.name.as_str().into(), model.policy.clone(), owners),
+            routing: ModelRouting::new(model.name.as_str().into(), model.policy.clone(), owners),
             limits: model.limits,
             load_feedback: model.load_feedback,
             backends: Backends::new_with_health_registry(Box::new(discovery), registry),
@@ -340,7 +340,7 @@ impl ModelPool {
         for addr in &change.removed {
             self.routing.forget(addr);
         }
-        let router = Router::new(self.routing.policy(), listed);
+        let router = RoutingTable::new(self.routing.policy(), listed);
         let exclusions = Arc::new(old.exclusions.carried_to(&addrs));
         let ranked = ranked(&router, &backends, &exclusions);
         self.members.store(Arc::new(Members {
@@ -356,7 +356,11 @@ impl ModelPool {
     fn admission(&self, addr: &SocketAddr) -> Arc<Admission> {
         let backend = addr.to_string();
         metrics::init_backend(&self.name, &backend);
-        let gauges = metrics::admission_gauges(&self.name, &backend);
+        let labels = [self.name.as_str(), backend.as_str()];
+        let gauges = Gauges {
+            inflight: metrics::IN_FLIGHT.with_label_values(&labels),
+            queued: metrics::QUEUE_DEPTH.with_label_values(&labels),
+        };
         Admission::new(self.limits, self.load_feedback, gauges)
     }
 

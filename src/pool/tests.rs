@@ -1,7 +1,7 @@
 use super::*;
 use prometheus::core::Collector;
 
-use crate::admission::{Class, Tenant};
+use crate::admission::{Class, Share};
 use crate::config::{BackendConfig, DiscoveryConfig, Target};
 use crate::discovery::Entries;
 use http::HeaderValue;
@@ -25,7 +25,7 @@ fn model(name: &str, n: u16) -> ModelConfig {
                 field: format!("gateway.models[0].addresses[{i}]"),
             })
             .collect(),
-        limits: Limits {
+        limits: Capacity {
             max_num_seqs: 1,
             max_queue_depth: 20,
         },
@@ -63,8 +63,8 @@ fn routing_owners() -> Arc<Owners> {
     Arc::new(Owners::new(16, Duration::from_secs(60)))
 }
 
-fn routing() -> Routing {
-    Routing::new("m".into(), Policy::default(), routing_owners())
+fn routing() -> ModelRouting {
+    ModelRouting::new("m".into(), Policy::default(), routing_owners())
 }
 
 fn pool(n: u16) -> Arc<Members> {
@@ -131,7 +131,7 @@ fn a_new_set_keeps_the_state_of_those_that_stay_and_starts_new_ones_empty() {
     let permit = before
         .admission(&a)
         .unwrap()
-        .try_enter(Class::Agent, &Tenant::new("t", 1));
+        .try_enter(Class::Agent, &Share::new("t", 1));
     assert!(before.exclusions().exclude(b, Instant::now()));
     p.rebuild(&set(&[a, b, c]));
     let after = p.members();
@@ -154,7 +154,7 @@ fn a_removed_backend_is_retired_until_idle_then_its_series_go() {
     // Whether the inflight gauge has a series for (this model, backend).
     let series = |backend: SocketAddr| {
         let backend = backend.to_string();
-        metrics::INFLIGHT
+        metrics::IN_FLIGHT
             .collect()
             .iter()
             .flat_map(|f| f.get_metric())
@@ -167,7 +167,7 @@ fn a_removed_backend_is_retired_until_idle_then_its_series_go() {
     let ticket = routed_in
         .admission(&b)
         .unwrap()
-        .try_enter(Class::Agent, &Tenant::new("t", 1))
+        .try_enter(Class::Agent, &Share::new("t", 1))
         .unwrap();
     drop(routed_in);
     p.rebuild(&set(&[a]));
@@ -187,7 +187,7 @@ fn a_backend_back_while_busy_takes_its_admission_back() {
     let p = pool_of(&model("pool-returns", 2));
     let b = addr(1);
     let first = p.members().admission(&b).unwrap().clone();
-    let permit = first.try_enter(Class::Agent, &Tenant::new("t", 1));
+    let permit = first.try_enter(Class::Agent, &Share::new("t", 1));
     p.rebuild(&set(&[addr(0)]));
     p.rebuild(&set(&[addr(0), b]));
     assert!(Arc::ptr_eq(&first, p.members().admission(&b).unwrap()));

@@ -11,13 +11,13 @@ use pingora::proxy::Session;
 
 use super::respond::{until_client_leaves, Stop};
 use super::{stored, Attempt, Gateway};
-use crate::admission::{AdmitError, Class, Tenant};
+use crate::admission::{AdmitError, Class, Share};
 use crate::api::Api;
 use crate::config::Overflow;
 use crate::errors::ApiError;
 use crate::metrics;
 use crate::pool::{Members, ModelPool};
-use crate::routing::{Input, Unroutable};
+use crate::routing::{Routable, Unroutable};
 
 impl Gateway {
     /// A warmup sleeps before it competes for a slot, holding
@@ -38,8 +38,8 @@ impl Gateway {
         &self,
         session: &mut Session,
         pool: &Arc<ModelPool>,
-        input: &Input,
-        tenant: &Tenant,
+        input: &Routable,
+        tenant: &Share,
     ) -> Result<Attempt, Stop> {
         let class = if input.warmup() {
             Class::Warmup
@@ -144,7 +144,7 @@ fn refused(
     pool: &ModelPool,
     members: &Members,
     addr: &SocketAddr,
-    tenant: &Tenant,
+    tenant: &Share,
     why: AdmitError,
 ) -> ApiError {
     let model = pool.name.as_str();

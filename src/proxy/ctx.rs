@@ -12,7 +12,7 @@ use crate::accounting::{Tracker, Usage};
 use crate::admission::Permit;
 use crate::errors::ApiError;
 use crate::pool::{Members, ModelPool};
-use crate::routing::{Candidate, Input};
+use crate::routing::{Candidate, Routable};
 use crate::tenants::Tenant;
 use crate::trace::RequestSpan;
 
@@ -48,7 +48,7 @@ pub(super) enum Phase {
 pub(super) struct Routed {
     pub(super) pool: Arc<ModelPool>,
     /// What routing reads of it, for a retry's routing and the log line.
-    pub(super) input: Input,
+    pub(super) input: Routable,
     /// The body read in `request_filter` (rewritten if the gateway added
     /// `stream_options`), emitted on every attempt.
     pub(super) body: Bytes,

@@ -140,7 +140,7 @@ impl Gateway {
                 .jwt
                 .as_ref()
                 .is_some_and(|j| matches!(j.jwks, JwksSource::Url { .. }));
-            metrics::init_auth(fetched);
+            metrics::init_auth(Reason::ALL.map(Reason::as_str), fetched);
         }
         // Its own connector: a question or two per unknown id needs no pool.
         let options = tls::trusting(ConnectorOptions::new(0), config.upstream_ca_file.as_deref());
@@ -233,7 +233,11 @@ impl Gateway {
             .clone();
         // A turn that continues a stored response goes where it is stored.
         let continues = (api == Api::Responses)
-            .then(|| facts.previous_response_id.filter(|id| owners::valid_id(id)))
+            .then(|| {
+                facts
+                    .previous_response_id
+                    .filter(|id| crate::api::valid_response_id(id))
+            })
             .flatten()
             .map(|id| id.into_owned());
         let chain = pool.routing.policy().chain(api, &facts.prompt);

@@ -3,15 +3,15 @@
 //! Plain code: the proxy glue and admission never decide a route.
 //!
 //! The proxy calls one entry point (`model.rs`): it builds a request's
-//! [`Input`] once (its affinity: a cache key, a key derived from the body or
+//! [`Routable`] once (its affinity: a cache key, a key derived from the body or
 //! none; whether it is a warmup; the stored response it continues; its
 //! prompt's chain of blocks; the backends it failed on), asks
-//! [`Routing::route`] for the candidates among the model's current members,
+//! [`ModelRouting::route`] for the candidates among the model's current members,
 //! and reports back through the [`Plan`] which candidate admitted it. Each
 //! candidate is seen through its [`Facts`] for this request: the member's
 //! state from the pool (excluded after a failure, requests in flight or
 //! queued here, its slots) and what routing knows of it for this request
-//! (the prompt tokens it holds, from the prefix index). [`Router::rank_at`]
+//! (the prompt tokens it holds, from the prefix index). [`RoutingTable::rank_at`]
 //! orders the members (rendezvous or round-robin) and its [`Choice`] picks
 //! among the usable ones by their facts alone. The first candidate is the
 //! choice; the others are where `overflow: spill` goes when the choice has
@@ -19,7 +19,7 @@
 //!
 //! The policies:
 //! - a stored response continued, retrieved or cancelled: its owner alone
-//!   (`owners.rs`), route `owner`, decided in [`Routing::route`];
+//!   (`owners.rs`), route `owner`, decided in [`ModelRouting::route`];
 //! - a key: rendezvous ranking (`rendezvous.rs`), route `hash`;
 //! - no key, `keyless: prefix | system`: a key derived from the body
 //!   (`prefix.rs`), ranked the same way, route `prefix`;
@@ -38,20 +38,20 @@
 //!    documented, with its default, its `Bound` if a number) and its row in
 //!    `conf/gateway.yaml` and `docs/configuration.md` (the key test fails
 //!    without them), its field in [`Policy`];
-//! 2. what it reads of a request: a field of [`Input`], set in
-//!    [`Routing::input`] (or passed there by the proxy, if it comes from a
+//! 2. what it reads of a request: a field of [`Routable`], set in
+//!    [`ModelRouting::input`] (or passed there by the proxy, if it comes from a
 //!    header);
 //! 3. what it reads of a candidate for this request: a field of [`Facts`],
-//!    filled in [`Routing::route`] (as `cached_tokens` from the index) or,
+//!    filled in [`ModelRouting::route`] (as `cached_tokens` from the index) or,
 //!    for a member's own state, in `pool::Members::route`;
 //! 4. its rule: a [`Choice`] variant, made from the [`Policy`] in
-//!    [`Router::new`] and decided in [`Router::rank_at`] over the facts
+//!    [`RoutingTable::new`] and decided in [`RoutingTable::rank_at`] over the facts
 //!    of the members it reads, with its code in a file beside this one (as
-//!    `cost.rs`); state it keeps across requests lives in [`Routing`] (one
+//!    `cost.rs`); state it keeps across requests lives in [`ModelRouting`] (one
 //!    per model; or shared by every model, as `owners.rs`, created in
-//!    `Gateway::new`), read in [`Routing::route`] and written in
+//!    `Gateway::new`), read in [`ModelRouting::route`] and written in
 //!    [`Plan::admitted`] or in a method the proxy calls with what it saw
-//!    (as [`Routing::owner_found`], [`Routing::observed`]);
+//!    (as [`ModelRouting::owner_found`], [`ModelRouting::observed`]);
 //! 5. a [`Route`] variant if requests it diverts are served under a name of
 //!    their own (`X-Poimen-Route`, the `route` label of the request metrics
 //!    and the log line all follow from [`Route::as_str`]); an
@@ -76,7 +76,7 @@ use smallvec::SmallVec;
 use crate::api::Api;
 use round_robin::RoundRobin;
 
-pub use model::{Input, Observed, Plan, Routing, Unroutable};
+pub use model::{ModelRouting, Observed, Plan, Routable, Unroutable};
 pub use owners::{Owner, Owners};
 
 /// Why a backend was chosen: shown to clients as `X-Poimen-Route`.
@@ -152,7 +152,7 @@ pub struct Request<'a> {
     /// Its prompt's tokens, as its chain counts them (`chain.rs`).
     pub prompt_tokens: u64,
     /// The members expected to hold some of its prompt (`index.rs`), by
-    /// position in [`Router::addrs`]: the cost rule weighs them beside
+    /// position in [`RoutingTable::addrs`]: the cost rule weighs them beside
     /// the first of the order.
     pub holders: &'a [usize],
     /// The model's rates now (`cost.rs`).
@@ -284,7 +284,7 @@ enum Order {
 }
 
 impl Order {
-    /// Every member, by position in [`Router::addrs`], in order.
+    /// Every member, by position in [`RoutingTable::addrs`], in order.
     fn members(self) -> impl Iterator<Item = usize> {
         let (scored, turn) = match self {
             Order::Scored(best) => (Some(best.order()), None),
@@ -310,7 +310,7 @@ impl Order {
 #[derive(Debug, Clone, Copy)]
 pub struct Ranking {
     pub first: Candidate,
-    /// The member `first` is, by position in [`Router::addrs`].
+    /// The member `first` is, by position in [`RoutingTable::addrs`].
     chosen: usize,
     /// The others' order; `None`: there is no other (a stored response's
     /// owner).
@@ -329,7 +329,7 @@ impl Ranking {
 }
 
 /// One model's routing table, built once per backend set.
-pub struct Router {
+pub struct RoutingTable {
     choice: Choice,
     addrs: Vec<SocketAddr>,
     /// (address as hashed, weight), in `addrs` order.
@@ -339,7 +339,7 @@ pub struct Router {
     round_robin: RoundRobin,
 }
 
-impl Router {
+impl RoutingTable {
     /// A router over `members` (address, weight), kept in address order so
     /// that ties and fallbacks do not depend on how the set was listed.
     pub fn new(policy: &Policy, members: impl IntoIterator<Item = (SocketAddr, u32)>) -> Self {
@@ -349,7 +349,7 @@ impl Router {
             Some(_) => Choice::Cost,
             None => Choice::First,
         };
-        Router {
+        RoutingTable {
             choice,
             addrs: members.iter().map(|(a, _)| *a).collect(),
             keyed: members.iter().map(|(a, w)| (a.to_string(), *w)).collect(),
@@ -363,12 +363,12 @@ impl Router {
         &self.addrs
     }
 
-    /// The position of a member in [`Router::addrs`].
+    /// The position of a member in [`RoutingTable::addrs`].
     pub fn position(&self, addr: &SocketAddr) -> Option<usize> {
         self.addrs.binary_search(addr).ok()
     }
 
-    /// Every candidate of [`Router::rank_at`], best first, each member
+    /// Every candidate of [`RoutingTable::rank_at`], best first, each member
     /// found in `facts` by its address.
     pub fn rank(
         &self,
@@ -381,7 +381,7 @@ impl Router {
     }
 
     /// A request's ranking, each member in the `facts` it has for this
-    /// request (by its position in [`Router::addrs`], so that no member is
+    /// request (by its position in [`RoutingTable::addrs`], so that no member is
     /// looked up by address); `None` when no member is usable (all
     /// excluded or tried). Reads the first usable member of the order, or
     /// for the cost rule the first [`WEIGHED`] and the holders of the

@@ -1,8 +1,8 @@
-//! One model's routing, the entry point the proxy calls: [`Routing`] holds
+//! One model's routing, the entry point the proxy calls: [`ModelRouting`] holds
 //! the model's [`Policy`] and the state routing keeps (the prefix index and
 //! the cost rule's rates; the owners of stored responses, `owners.rs`, shared
-//! by every model); [`Input`] is what routing reads of one request, kept for its
-//! whole life; [`Routing::route`] ranks the candidates and hands back a
+//! by every model); [`Routable`] is what routing reads of one request, kept for its
+//! whole life; [`ModelRouting::route`] ranks the candidates and hands back a
 //! [`Plan`], which the proxy tells which candidate admitted the request, or
 //! says why there is none ([`Unroutable`]). The proxy decides nothing about
 //! routing: it reports what it saw (an admission, a failure, a response
@@ -20,12 +20,12 @@ use super::cost::Rates;
 use super::index::{Held, Holders, PrefixIndex};
 use super::owners::{Owner, Owners};
 use super::prefix::DerivedKey;
-use super::{Affinity, Candidate, Facts, Policy, Ranking, Request, Route, Router};
+use super::{Affinity, Candidate, Facts, Policy, Ranking, Request, Route, RoutingTable};
 use crate::api::Api;
 
 /// One model's routing policy and the state it keeps across requests and
 /// backend sets.
-pub struct Routing {
+pub struct ModelRouting {
     model: Arc<str>,
     policy: Policy,
     /// What each backend is expected to hold (`routing.prefix_index`).
@@ -41,7 +41,7 @@ pub enum Unroutable {
     /// Every backend is excluded or already failed this request.
     NoBackend,
     /// The stored response it continues or names has no known owner here:
-    /// ask the backends, then [`Routing::owner_found`].
+    /// ask the backends, then [`ModelRouting::owner_found`].
     OwnerUnknown(String),
     /// The owner is known but excluded, already failed this request, or no
     /// longer a backend of the model. Never sent elsewhere: no other
@@ -51,7 +51,7 @@ pub enum Unroutable {
 
 /// What routing reads of one request: its affinity, whether it is a
 /// warmup, its prompt's chain and the backends it failed on.
-pub struct Input {
+pub struct Routable {
     /// `X-Poimen-Cache-Key`.
     cache_key: Option<HeaderValue>,
     /// No header: the key derived from the body (`routing.keyless`).
@@ -66,7 +66,7 @@ pub struct Input {
     chain: Vec<u64>,
 }
 
-impl Input {
+impl Routable {
     /// The request's affinity: its header key, else its derived key.
     pub fn affinity(&self) -> Affinity<'_> {
         match (&self.cache_key, &self.derived_key) {
@@ -124,12 +124,12 @@ impl Input {
 /// (by position), read again for the later candidates when they are reached.
 pub struct Plan<'a, S> {
     ranking: Ranking,
-    router: &'a Router,
+    router: &'a RoutingTable,
     status: S,
     /// What the index expects each backend to hold of the prompt.
     held: Holders,
     index: Option<&'a PrefixIndex>,
-    input: &'a Input,
+    input: &'a Routable,
 }
 
 impl<S: Fn(usize) -> Facts> Plan<'_, S> {
@@ -161,11 +161,11 @@ impl<S: Fn(usize) -> Facts> Plan<'_, S> {
     }
 }
 
-impl Routing {
+impl ModelRouting {
     /// The routing of `model`, sharing the gateway's stored-response
     /// `owners`.
     pub fn new(model: Arc<str>, policy: Policy, owners: Arc<Owners>) -> Self {
-        Routing {
+        ModelRouting {
             model,
             index: policy
                 .prefix_index
@@ -197,7 +197,7 @@ impl Routing {
     /// `expected`. Teaches the cost rule its rates, and the index where it
     /// was wrong: a backend that held well under half of what was expected
     /// no longer holds the rest.
-    pub fn observed(&self, input: &Input, addr: SocketAddr, seen: Observed) {
+    pub fn observed(&self, input: &Routable, addr: SocketAddr, seen: Observed) {
         let Some(index) = &self.index else {
             return;
         };
@@ -227,12 +227,12 @@ impl Routing {
         warmup: bool,
         api: Api,
         body: &[u8],
-    ) -> Input {
+    ) -> Routable {
         let derived_key = match cache_key {
             Some(_) => None,
             None => self.policy.derived_key(api, body),
         };
-        Input {
+        Routable {
             cache_key,
             derived_key,
             warmup,
@@ -244,11 +244,11 @@ impl Routing {
     }
 
     /// The candidates for `input` among `router`'s members, each in the
-    /// `status` it has now (by its position in [`Router::addrs`]).
+    /// `status` it has now (by its position in [`RoutingTable::addrs`]).
     pub fn route<'a, S: Fn(usize) -> Facts>(
         &'a self,
-        router: &'a Router,
-        input: &'a Input,
+        router: &'a RoutingTable,
+        input: &'a Routable,
         status: S,
         now: Instant,
     ) -> Result<Plan<'a, S>, Unroutable> {
@@ -301,10 +301,10 @@ impl Routing {
     fn plan<'a, S>(
         &'a self,
         ranking: Ranking,
-        router: &'a Router,
+        router: &'a RoutingTable,
         status: S,
         held: Holders,
-        input: &'a Input,
+        input: &'a Routable,
     ) -> Plan<'a, S> {
         Plan {
             ranking,
@@ -319,7 +319,7 @@ impl Routing {
     /// The backend of `router` that stored response `id`, and its position.
     fn owner(
         &self,
-        router: &Router,
+        router: &RoutingTable,
         id: &str,
         now: Instant,
     ) -> Result<(SocketAddr, usize), Unroutable> {
@@ -347,7 +347,7 @@ impl Routing {
     }
 }
 
-/// What a response showed of its request (`Routing::observed`).
+/// What a response showed of its request (`ModelRouting::observed`).
 #[derive(Debug, Clone, Copy)]
 pub struct Observed {
     /// Time it held its slot.
@@ -377,7 +377,7 @@ mod tests {
             .collect()
     }
 
-    fn indexed() -> (Routing, Router) {
+    fn indexed() -> (ModelRouting, RoutingTable) {
         let policy = Policy {
             prefix_index: Some(super::super::IndexSize {
                 backend_blocks: 1000,
@@ -385,14 +385,14 @@ mod tests {
             }),
             ..Policy::default()
         };
-        let router = Router::new(&policy, addrs().into_iter().map(|a| (a, 1)));
+        let router = RoutingTable::new(&policy, addrs().into_iter().map(|a| (a, 1)));
         let owners = Arc::new(Owners::new(16, std::time::Duration::from_secs(60)));
-        (Routing::new("m".into(), policy, owners), router)
+        (ModelRouting::new("m".into(), policy, owners), router)
     }
 
     /// A turn of a long conversation (about 160 blocks, 10,000 tokens: a
     /// second of cold prefill at the default rate).
-    fn long_turn(routing: &Routing, first: &str, turns: usize, key: &'static str) -> Input {
+    fn long_turn(routing: &ModelRouting, first: &str, turns: usize, key: &'static str) -> Routable {
         let mut messages =
             vec![serde_json::json!({"role": "user", "content": first.repeat(40_000)})];
         for i in 1..turns {
@@ -413,9 +413,9 @@ mod tests {
     /// Route `input` with backend `busy` holding `load` (4 slots each);
     /// admitted at its first candidate, which is returned.
     fn admit_loaded(
-        routing: &Routing,
-        router: &Router,
-        input: &Input,
+        routing: &ModelRouting,
+        router: &RoutingTable,
+        input: &Routable,
         busy: Option<(SocketAddr, usize)>,
     ) -> (Candidate, Option<u64>) {
         let status = |i: usize| Facts {

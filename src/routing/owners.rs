@@ -18,26 +18,14 @@ use std::time::{Duration, Instant};
 
 use xxhash_rust::xxh3::xxh3_64;
 
+use crate::api::valid_response_id;
+
 /// Owners remembered by default: about 3 MiB, a day of a turn a second.
 pub const DEFAULT_MAX_ENTRIES: usize = 100_000;
 /// How long an owner is remembered by default.
 pub const DEFAULT_MAX_AGE: Duration = Duration::from_secs(86_400);
 /// How long a backend is given to say whether it has a response, by default.
 pub const DEFAULT_LOOKUP_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// The longest response id the gateway keeps or asks about: vLLM's are
-/// `resp_` and 16 hex digits; a longer one is not a vLLM id.
-pub const MAX_ID_BYTES: usize = 256;
-
-/// Whether `id` may be a response id: short, and only the characters an id
-/// is made of (it goes into a request path when the backends are asked).
-pub fn valid_id(id: &str) -> bool {
-    !id.is_empty()
-        && id.len() <= MAX_ID_BYTES
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-}
 
 /// The backend that stored a response, and the model it was served under.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -94,7 +82,7 @@ impl Owners {
 
     /// Response `id` was stored by `owner`.
     pub fn record(&self, id: &str, owner: &Owner, now: Instant) {
-        if !valid_id(id) {
+        if !valid_response_id(id) {
             return;
         }
         let at = self.second(now);
@@ -252,9 +240,9 @@ mod tests {
     #[test]
     fn ids_that_are_not_ids_are_neither_kept_nor_asked_about() {
         for bad in ["", "resp_1/../x", "resp 1", "resp_1?x", &"a".repeat(257)] {
-            assert!(!valid_id(bad), "{bad}");
+            assert!(!valid_response_id(bad), "{bad}");
         }
-        assert!(valid_id("resp_0123456789abcdef"));
+        assert!(valid_response_id("resp_0123456789abcdef"));
         let owners = Owners::new(2, DAY);
         owners.record("a/b", &owner("m", 1), Instant::now());
         assert!(owners.is_empty());

@@ -172,7 +172,7 @@ struct ResponsesBody {
     #[serde(default)]
     instructions: Option<Value>,
     #[serde(default)]
-    input: Option<Input>,
+    input: Option<ResponsesInput>,
 }
 
 #[derive(Deserialize)]
@@ -235,11 +235,11 @@ impl<'de> Deserialize<'de> for HeadList {
 }
 
 /// A Responses `input`: a list, as `HeadList`, or a string: one user message.
-struct Input(Vec<Message>);
+struct ResponsesInput(Vec<Message>);
 
-impl<'de> Deserialize<'de> for Input {
+impl<'de> Deserialize<'de> for ResponsesInput {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(HeadVisitor).map(Input)
+        d.deserialize_any(HeadVisitor).map(ResponsesInput)
     }
 }
 
@@ -252,7 +252,7 @@ impl<'de> Visitor<'de> for HeadVisitor {
         f.write_str("a list of messages")
     }
 
-    // Reached only through `Input`: `deserialize_seq` refuses a string.
+    // Reached only through `ResponsesInput`: `deserialize_seq` refuses a string.
     fn visit_str<E>(self, text: &str) -> Result<Vec<Message>, E> {
         Ok(vec![Message {
             role: "user".into(),

@@ -2,9 +2,9 @@ use std::collections::HashMap;
 
 use super::*;
 
-fn router(n: u16) -> Router {
+fn router(n: u16) -> RoutingTable {
     let members = (0..n).map(|i| (SocketAddr::from(([127, 0, 0, 1], 9000 + i)), 1));
-    Router::new(&Policy::default(), members)
+    RoutingTable::new(&Policy::default(), members)
 }
 
 fn idle(_: &SocketAddr) -> Facts {
@@ -45,12 +45,12 @@ fn a_key_is_stable_and_hash_routed_with_the_rest_as_spill() {
 fn the_member_order_does_not_matter() {
     let a = router(4);
     let reversed: Vec<(SocketAddr, u32)> = a.addrs().iter().rev().map(|a| (*a, 1)).collect();
-    let b = Router::new(&Policy::default(), reversed);
+    let b = RoutingTable::new(&Policy::default(), reversed);
     assert_same_ranking(&a, &b, 100);
 }
 
 /// Without load, `a` and `b` rank `n` keys alike.
-fn assert_same_ranking(a: &Router, b: &Router, n: usize) {
+fn assert_same_ranking(a: &RoutingTable, b: &RoutingTable, n: usize) {
     for k in 0..n {
         let key = format!("key-{k}");
         let req = Request::new(Affinity::Key(key.as_bytes()), &[]);
@@ -147,7 +147,7 @@ fn weights_shift_the_round_robin_share() {
         (SocketAddr::from(([127, 0, 0, 1], 1)), 1),
         (SocketAddr::from(([127, 0, 0, 1], 2)), 3),
     ];
-    let r = Router::new(&Policy::default(), members);
+    let r = RoutingTable::new(&Policy::default(), members);
     let heavy = (0..400)
         .filter(|_| {
             r.rank(Request::new(Affinity::None, &[]), idle).unwrap()[0].addr == members[1].0
@@ -172,7 +172,7 @@ fn derived_keys_rank_as_the_same_key_would_and_route_as_prefix() {
     assert_eq!(derived[0].addr, keyed[0].addr);
 }
 
-fn cost_router(n: u16) -> Router {
+fn cost_router(n: u16) -> RoutingTable {
     let policy = Policy {
         prefix_index: Some(IndexSize {
             backend_blocks: 1000,
@@ -181,7 +181,7 @@ fn cost_router(n: u16) -> Router {
         ..Policy::default()
     };
     let members = (0..n).map(|i| (SocketAddr::from(([127, 0, 0, 1], 9000 + i)), 1));
-    Router::new(&policy, members)
+    RoutingTable::new(&policy, members)
 }
 
 #[test]

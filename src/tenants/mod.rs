@@ -5,7 +5,7 @@
 //! [`InFlight`] guard in its CTX and, when the response ends, charges it the
 //! tokens vLLM reported ([`InFlight::charge`]).
 //!
-//! # Limits (each optional; none at all costs no lock)
+//! # Budget (each optional; none at all costs no lock)
 //!
 //! - `max_in_flight = C`: at most C requests of the tenant hold a backend
 //!   slot or queue place at once, all backends together. The place is freed
@@ -34,7 +34,7 @@
 //! # Replicas and names
 //!
 //! With several gateway replicas each enforces its share of every limit
-//! ([`Limits::shared_by`]). Each listed tenant has its own budget; other
+//! ([`Budget::shared_by`]). Each listed tenant has its own budget; other
 //! names (JWT subjects, a trusted header) get one each up to `max_tracked`,
 //! after which they share one budget and label, [`OTHER`].
 
@@ -60,40 +60,40 @@ pub fn valid_name(name: &str) -> bool {
 }
 
 /// A tenant's weight (its share of each backend's slots and queue places,
-/// `admission::Tenant`) and its budgets.
+/// `admission::Share`) and its budgets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Spec {
     pub weight: u32,
-    pub limits: Limits,
+    pub limits: Budget,
 }
 
 impl Default for Spec {
     fn default() -> Self {
         Spec {
             weight: 1,
-            limits: Limits::default(),
+            limits: Budget::default(),
         }
     }
 }
 
-/// A tenant's limits, each None for no limit. A limit of 0 refuses every
+/// A tenant's budget: its limits, each None for no limit. A limit of 0 refuses every
 /// request (the config should reject it).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Limits {
+pub struct Budget {
     pub max_in_flight: Option<u32>,
     pub requests_per_minute: Option<u32>,
     pub tokens_per_minute: Option<u64>,
 }
 
-impl Limits {
+impl Budget {
     /// One replica's share when `replicas` (at least 1) gateways serve the
     /// same tenants: each limit divided, rounded up so that none becomes 0
     /// (together the replicas may allow up to `replicas - 1` more).
-    pub fn shared_by(self, replicas: usize) -> Limits {
+    pub fn shared_by(self, replicas: usize) -> Budget {
         let replicas = u64::try_from(replicas).unwrap_or(u64::MAX);
         // A share is at most the whole, so it fits the whole's type.
         let share_u32 = |limit: u32| u64::from(limit).div_ceil(replicas) as u32;
-        Limits {
+        Budget {
             max_in_flight: self.max_in_flight.map(share_u32),
             requests_per_minute: self.requests_per_minute.map(share_u32),
             tokens_per_minute: self.tokens_per_minute.map(|l| l.div_ceil(replicas)),
@@ -101,7 +101,7 @@ impl Limits {
     }
 
     fn is_unlimited(&self) -> bool {
-        *self == Limits::default()
+        *self == Budget::default()
     }
 }
 

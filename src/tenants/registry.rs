@@ -43,7 +43,7 @@ impl Tenants {
     /// `listed`: each tenant's own weight and limits; `unlisted`: those of
     /// every other name (each tracked name, and [`OTHER`] as a whole). The
     /// limits are divided between `replicas` (at least 1, see
-    /// [`super::Limits::shared_by`]).
+    /// [`super::Budget::shared_by`]).
     pub fn new(
         listed: HashMap<String, Spec>,
         unlisted: Spec,

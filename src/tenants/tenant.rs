@@ -4,15 +4,15 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use super::bucket::Bucket;
-use super::{Limit, Limits, Refusal, IN_FLIGHT_RETRY};
+use super::{Budget, Limit, Refusal, IN_FLIGHT_RETRY};
 use crate::admission;
 
 #[derive(Debug)]
 pub struct Tenant {
     label: Arc<str>,
-    limits: Limits,
+    limits: Budget,
     /// Who it is to each backend's fair admission, with its weight.
-    share: admission::Tenant,
+    share: admission::Share,
     state: Mutex<State>,
 }
 
@@ -24,7 +24,7 @@ struct State {
 }
 
 impl Tenant {
-    pub(super) fn new(label: &str, limits: Limits, weight: u32) -> Arc<Self> {
+    pub(super) fn new(label: &str, limits: Budget, weight: u32) -> Arc<Self> {
         let label: Arc<str> = label.into();
         let state = State {
             in_flight: 0,
@@ -32,7 +32,7 @@ impl Tenant {
             tokens: limits.tokens_per_minute.map(Bucket::full),
         };
         Arc::new(Tenant {
-            share: admission::Tenant::new(label.clone(), weight),
+            share: admission::Share::new(label.clone(), weight),
             label,
             limits,
             state: Mutex::new(state),
@@ -51,7 +51,7 @@ impl Tenant {
     }
 
     /// The tenant as each backend's fair admission knows it.
-    pub fn share(&self) -> &admission::Tenant {
+    pub fn share(&self) -> &admission::Share {
         &self.share
     }
 

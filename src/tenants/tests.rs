@@ -7,24 +7,24 @@ use super::*;
 const MS: Duration = Duration::from_millis(1);
 const SEC: Duration = Duration::from_secs(1);
 
-fn tenant(limits: Limits) -> Arc<Tenant> {
+fn tenant(limits: Budget) -> Arc<Tenant> {
     tenants(limits, 1).get("t").tenant
 }
 
 /// One listed tenant `t`, unlisted names unlimited.
-fn tenants(limits: Limits, replicas: usize) -> Tenants {
+fn tenants(limits: Budget, replicas: usize) -> Tenants {
     let listed = HashMap::from([("t".to_owned(), spec(limits))]);
     Tenants::new(listed, Spec::default(), DEFAULT_MAX_TRACKED, replicas).unwrap()
 }
 
-fn spec(limits: Limits) -> Spec {
+fn spec(limits: Budget) -> Spec {
     Spec { weight: 1, limits }
 }
 
-fn rpm(n: u32) -> Limits {
-    Limits {
+fn rpm(n: u32) -> Budget {
+    Budget {
         requests_per_minute: Some(n),
-        ..Limits::default()
+        ..Budget::default()
     }
 }
 
@@ -71,9 +71,9 @@ fn no_double_burst_at_a_minute_edge() {
 
 #[test]
 fn tokens_charged_afterwards_overdraw_and_are_paid_back_exactly() {
-    let t = tenant(Limits {
+    let t = tenant(Budget {
         tokens_per_minute: Some(600),
-        ..Limits::default()
+        ..Budget::default()
     });
     let t0 = Instant::now();
     // A balance of 600 admits however many start together.
@@ -97,9 +97,9 @@ fn tokens_charged_afterwards_overdraw_and_are_paid_back_exactly() {
 
 #[test]
 fn max_in_flight_frees_when_a_guard_drops() {
-    let t = tenant(Limits {
+    let t = tenant(Budget {
         max_in_flight: Some(2),
-        ..Limits::default()
+        ..Budget::default()
     });
     let t0 = Instant::now();
     let a = t.admit(t0).unwrap();
@@ -112,7 +112,7 @@ fn max_in_flight_frees_when_a_guard_drops() {
 
 #[test]
 fn a_refused_request_takes_nothing() {
-    let t = tenant(Limits {
+    let t = tenant(Budget {
         max_in_flight: Some(1),
         requests_per_minute: Some(2),
         tokens_per_minute: None,
@@ -136,7 +136,7 @@ fn a_refused_request_takes_nothing() {
 
 #[test]
 fn limits_are_checked_in_order() {
-    let t = tenant(Limits {
+    let t = tenant(Budget {
         max_in_flight: Some(1),
         requests_per_minute: Some(1),
         tokens_per_minute: Some(60),
@@ -155,12 +155,12 @@ fn limits_are_checked_in_order() {
 
 #[test]
 fn replicas_share_each_limit_rounding_up() {
-    let whole = Limits {
+    let whole = Budget {
         max_in_flight: Some(2),
         requests_per_minute: Some(600),
         tokens_per_minute: Some(1000),
     };
-    let share = Limits {
+    let share = Budget {
         max_in_flight: Some(1),
         requests_per_minute: Some(200),
         tokens_per_minute: Some(334),
@@ -223,7 +223,7 @@ fn other_is_reserved() {
 
 #[test]
 fn a_tenant_without_limits_is_always_admitted_without_a_lock() {
-    let t = tenant(Limits::default());
+    let t = tenant(Budget::default());
     let now = Instant::now();
     let guards: Vec<InFlight> = (0..10_000).map(|_| t.admit(now).unwrap()).collect();
     // The guards hold no reference to the tenant: admitting, charging and

@@ -36,9 +36,9 @@ pub const TAIL_BYTES: usize = 64 * 1024;
 /// (never stripped).
 pub const MAX_EVENT_BYTES: usize = 256 * 1024;
 /// A longer response id is ignored rather than kept.
-pub const MAX_ID_BYTES: usize = 256;
+pub use crate::api::MAX_RESPONSE_ID_BYTES;
 /// The first bytes of a JSON body held until its leading id is complete:
-/// room for an id of [`MAX_ID_BYTES`] with some escapes.
+/// room for an id of [`MAX_RESPONSE_ID_BYTES`] with some escapes.
 const HEAD_BYTES: usize = 1024;
 
 /// Searchers built once: building one per search would cost more than the
@@ -85,7 +85,7 @@ fn leading_id(head: &[u8]) -> Lead {
     }
     let mut value = serde_json::Deserializer::from_slice(rest).into_iter::<Box<str>>();
     match value.next() {
-        Some(Ok(id)) if id.len() <= MAX_ID_BYTES => Lead::Id(id),
+        Some(Ok(id)) if id.len() <= MAX_RESPONSE_ID_BYTES => Lead::Id(id),
         None => Lead::More,
         Some(Err(e)) if e.is_eof() => Lead::More,
         _ => Lead::Absent,
@@ -303,7 +303,9 @@ impl SseScanner {
             self.note(u);
         }
         if self.response_id.is_none() {
-            self.response_id = facts.response_id.filter(|id| id.len() <= MAX_ID_BYTES);
+            self.response_id = facts
+                .response_id
+                .filter(|id| id.len() <= MAX_RESPONSE_ID_BYTES);
         }
         self.strip && facts.usage_only
     }

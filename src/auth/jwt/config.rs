@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::auth::fetch::JwksUrl;
 use crate::auth::jwks::KeySet;
+use crate::auth::jwks_url::JwksUrl;
 use crate::auth::jwt;
 use crate::field::{invalid, Bound, Invalid};
 

@@ -103,15 +103,15 @@ fn only_the_leading_id_of_a_body_counts() {
     assert_eq!(id(r#"[{"id":"resp_6"}]"#), None);
     assert_eq!(id(r#"{"idx":"resp_7"}"#), None);
     assert_eq!(id(r#"{"id":7}"#), None);
-    // Bounded: an id over MAX_ID_BYTES is ignored, however it is cut.
-    let at_bound = "r".repeat(MAX_ID_BYTES);
+    // Bounded: an id over MAX_RESPONSE_ID_BYTES is ignored, however it is cut.
+    let at_bound = "r".repeat(MAX_RESPONSE_ID_BYTES);
     assert_eq!(
         id(&format!(r#"{{"id":"{at_bound}"}}"#)),
         Some(at_bound.clone())
     );
     let long = format!(
         r#"{{"id":"{}","usage":null}}"#,
-        "r".repeat(MAX_ID_BYTES + 1)
+        "r".repeat(MAX_RESPONSE_ID_BYTES + 1)
     );
     let huge = format!(r#"{{"id":"{}","usage":null}}"#, "r".repeat(4 * HEAD_BYTES));
     for body in [long, huge] {
@@ -171,7 +171,7 @@ fn openai_order_without_event_lines() {
 
 #[test]
 fn an_overlong_id_in_the_stream_is_ignored() {
-    let long = "r".repeat(MAX_ID_BYTES + 1);
+    let long = "r".repeat(MAX_RESPONSE_ID_BYTES + 1);
     let body = stream(Some("x")).replace(ID, &long);
     let (_, s) = run_sse(API, body.as_bytes(), 100, false);
     assert_eq!(s.response_id(), None);
