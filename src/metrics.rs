@@ -6,11 +6,11 @@
 //! paths or anything else a client sends, so series stay bounded.
 
 use std::net::SocketAddr;
-use std::sync::{Arc, LazyLock};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Instant;
 
 use http::HeaderValue;
-use prometheus::core::{Collector, Desc};
+use prometheus::core::{Collector, Desc, MetricVec, MetricVecBuilder};
 use prometheus::proto::MetricFamily;
 use prometheus::{
     register_histogram, register_histogram_vec, register_int_counter, register_int_counter_vec,
@@ -23,11 +23,36 @@ fn counter(name: &str, help: &str) -> IntCounter {
 }
 
 fn counter_vec(name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
-    register_int_counter_vec!(name, help, labels).expect("metric names are unique and valid")
+    let vec =
+        register_int_counter_vec!(name, help, labels).expect("metric names are unique and valid");
+    per_backend(&vec, labels);
+    vec
 }
 
 fn gauge_vec(name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
-    register_int_gauge_vec!(name, help, labels).expect("metric names are unique and valid")
+    let vec =
+        register_int_gauge_vec!(name, help, labels).expect("metric names are unique and valid");
+    per_backend(&vec, labels);
+    vec
+}
+
+/// Removes one backend's series (model, backend) from a metric.
+type Remover = Box<dyn Fn(&str, &str) + Send + Sync>;
+
+/// Every metric labelled by backend, as it is created: [`remove_backend`]
+/// reads this list, so no metric of a backend can be left out of it.
+static BY_BACKEND: Mutex<Vec<Remover>> = Mutex::new(Vec::new());
+
+fn per_backend<T: MetricVecBuilder + 'static>(vec: &MetricVec<T>, labels: &[&str]) {
+    if labels.contains(&"backend") {
+        let vec = vec.clone();
+        let remover: Remover =
+            Box::new(move |model, backend| remove_matching(&vec, model, backend));
+        BY_BACKEND
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(remover);
+    }
 }
 
 const BACKEND: &[&str] = &["model", "backend"];
@@ -402,25 +427,14 @@ pub fn init_discovery(model: &str) {
 /// Remove every series of a backend that left the set and is idle, so
 /// that backends coming and going do not add series without end.
 pub fn remove_backend(model: &str, backend: &str) {
-    for vec in [&*IN_FLIGHT, &*QUEUE_DEPTH] {
-        let _ = vec.remove_label_values(&[model, backend]);
-    }
-    for vec in [
-        &*BACKEND_FAILURES,
-        &*PREFIX_CACHE_HIT_TOKENS,
-        &*PREFIX_INDEX_EXPECTED_TOKENS,
-        &*PROMPT_TOKENS,
-        &*USAGE_MISSING,
-        &*QUEUE_REJECTED,
-        &*REQUESTS,
-    ] {
-        remove_matching(vec, model, backend);
+    for remove in BY_BACKEND.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+        remove(model, backend);
     }
 }
 
 /// Remove the series of `vec` labelled with this model and backend,
 /// whatever their other labels (route, code, reason).
-fn remove_matching(vec: &IntCounterVec, model: &str, backend: &str) {
+fn remove_matching<T: MetricVecBuilder>(vec: &MetricVec<T>, model: &str, backend: &str) {
     for family in vec.collect() {
         for metric in family.get_metric() {
             let labels: std::collections::HashMap<&str, &str> = metric
@@ -432,5 +446,56 @@ fn remove_matching(vec: &IntCounterVec, model: &str, backend: &str) {
                 let _ = vec.remove(&labels);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    /// The metric names this file registers: its string literals that
+    /// start as a metric name does.
+    fn registered() -> BTreeSet<String> {
+        let source = include_str!("metrics.rs");
+        let code = &source[..source.find("#[cfg(test)]").expect("this module")];
+        let mut names = BTreeSet::new();
+        for literal in code.split('"').skip(1).step_by(2) {
+            let is_name = ["poimen_gateway_", "vllm_", "warmup_"]
+                .iter()
+                .any(|p| literal.starts_with(p))
+                && literal.bytes().all(|b| b.is_ascii_lowercase() || b == b'_');
+            if is_name {
+                names.insert(literal.to_string());
+            }
+        }
+        names
+    }
+
+    /// The metric names `docs/accounting-and-metrics.md` documents: the
+    /// first column of its Metrics section's table.
+    fn documented() -> BTreeSet<String> {
+        let page = include_str!("../docs/accounting-and-metrics.md");
+        let section = page
+            .split("\n## Metrics")
+            .nth(1)
+            .expect("a Metrics section");
+        let section = section.split("\n## ").next().unwrap_or(section);
+        section
+            .lines()
+            .filter_map(|l| l.strip_prefix("| `")?.split('`').next())
+            .map(str::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn every_metric_is_documented_and_every_documented_one_exists() {
+        let (code, page) = (registered(), documented());
+        assert!(code.len() > 20, "{code:?}");
+        let undocumented: Vec<_> = code.difference(&page).collect();
+        let unregistered: Vec<_> = page.difference(&code).collect();
+        assert!(
+            undocumented.is_empty() && unregistered.is_empty(),
+            "not in docs/accounting-and-metrics.md: {undocumented:?}; documented but not registered: {unregistered:?}"
+        );
     }
 }
