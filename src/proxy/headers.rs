@@ -1,10 +1,12 @@
-//! The gateway's request headers: the cache key, the warmup marker, and what
-//! a warmup looks like upstream.
+//! The gateway's request headers: the cache key and the warmup marker it
+//! reads, and the headers it sends upstream in their place.
 
 use http::HeaderValue;
 use pingora::http::RequestHeader;
 
+use crate::admission::load_report;
 use crate::api::Api;
+use crate::auth;
 use crate::errors::ApiError;
 
 pub const CACHE_KEY: &str = "x-poimen-cache-key";
@@ -32,20 +34,53 @@ pub fn is_warmup(req: &RequestHeader, api: Api) -> bool {
         })
 }
 
-/// Strip the warmup marker (always) and, for a warmup, ask vLLM to rank it
-/// low: `X-Priority: low`, and `X-Vllm-Priority` when configured (what
-/// vLLM's `--scheduling-policy priority` reads; lower runs first).
-pub fn rewrite_upstream(
-    upstream: &mut RequestHeader,
-    warmup: bool,
-    vllm_priority: Option<i64>,
-) -> pingora::Result<()> {
+/// What the gateway sends upstream in place of the client's headers: one
+/// request's part of it, and the configuration's.
+pub struct Upstream<'a> {
+    /// The length of the body the gateway sends (read whole before routing).
+    pub body_len: usize,
+    pub warmup: bool,
+    /// `warmup.vllm_priority`.
+    pub vllm_priority: Option<i64>,
+    /// `tenants.header`: the tenant a proxy in front named.
+    pub tenant_header: Option<&'a http::HeaderName>,
+    /// `upstream_api_key`.
+    pub api_key: Option<&'a str>,
+    /// `scheduler.load_feedback`: ask for the backend's load report.
+    pub load_report: bool,
+}
+
+/// The upstream request's headers, from the client's:
+/// - the body in one piece, whatever the client's framing (chunked) or
+///   length (before a rewrite);
+/// - the warmup marker stripped and, for a warmup, vLLM asked to rank it
+///   low: `X-Priority: low`, and `X-Vllm-Priority` when configured (what
+///   vLLM's `--scheduling-policy priority` reads; lower runs first);
+/// - the client's credentials (for the gateway, not for vLLM) and the
+///   tenant header (the gateway's business) removed; the upstream key
+///   added when configured;
+/// - with load feedback, the gateway's own question for a load report, in
+///   the one format it reads, whatever the client asked.
+pub fn rewrite_upstream(upstream: &mut RequestHeader, to: &Upstream) -> pingora::Result<()> {
+    upstream.remove_header(&http::header::TRANSFER_ENCODING);
+    upstream.insert_header(http::header::CONTENT_LENGTH, HeaderValue::from(to.body_len))?;
     upstream.remove_header(WARMUP);
-    if warmup {
+    if to.warmup {
         upstream.insert_header("X-Priority", "low")?;
-        if let Some(p) = vllm_priority {
+        if let Some(p) = to.vllm_priority {
             upstream.insert_header("X-Vllm-Priority", p.to_string())?;
         }
+    }
+    upstream.remove_header(&http::header::AUTHORIZATION);
+    upstream.remove_header(auth::X_API_KEY);
+    if let Some(header) = to.tenant_header {
+        upstream.remove_header(header);
+    }
+    if let Some(key) = to.api_key {
+        upstream.insert_header(http::header::AUTHORIZATION, format!("Bearer {key}"))?;
+    }
+    if to.load_report {
+        upstream.insert_header(load_report::FORMAT_HEADER, "json")?;
     }
     Ok(())
 }
@@ -81,13 +116,35 @@ mod tests {
 
     #[test]
     fn upstream_sees_no_marker_and_a_low_priority() {
-        let mut r = req("/v1/chat/completions", &[(WARMUP, "true")]);
-        rewrite_upstream(&mut r, true, Some(7)).unwrap();
+        let tenant = http::HeaderName::from_static("x-tenant");
+        let to = |warmup| Upstream {
+            body_len: 12,
+            warmup,
+            vllm_priority: Some(7),
+            tenant_header: Some(&tenant),
+            api_key: Some("k"),
+            load_report: true,
+        };
+        let client = [
+            (WARMUP, "true"),
+            ("transfer-encoding", "chunked"),
+            ("authorization", "Bearer client"),
+            ("x-api-key", "client"),
+            ("x-tenant", "a"),
+        ];
+        let mut r = req("/v1/chat/completions", &client);
+        rewrite_upstream(&mut r, &to(true)).unwrap();
         assert!(r.headers.get(WARMUP).is_none());
         assert_eq!(r.headers["x-priority"], "low");
         assert_eq!(r.headers["x-vllm-priority"], "7");
+        assert_eq!(r.headers["content-length"], "12");
+        assert_eq!(r.headers["authorization"], "Bearer k");
+        assert_eq!(r.headers[load_report::FORMAT_HEADER], "json");
+        for gone in ["transfer-encoding", "x-api-key", "x-tenant"] {
+            assert!(r.headers.get(gone).is_none(), "{gone}");
+        }
         let mut r = req("/v1/embeddings", &[(WARMUP, "true")]);
-        rewrite_upstream(&mut r, false, Some(7)).unwrap();
+        rewrite_upstream(&mut r, &to(false)).unwrap();
         assert!(r.headers.get(WARMUP).is_none());
         assert!(r.headers.get("x-priority").is_none());
     }

@@ -4,16 +4,17 @@
 //! wires them into Pingora's phases:
 //!
 //! - `request_filter`: answer local endpoints; authenticate and name the
-//!   tenant; read the body and find the model (or, for a stored response,
-//!   its owner: `stored.rs`); check the tenant's budgets (`tenant.rs`); delay
-//!   a warmup; route and take a slot (`admit.rs`);
+//!   tenant; read the body and find the model (`prepare.rs`, or, for a
+//!   stored response, its owner: `stored.rs`); check the tenant's budgets
+//!   (`tenant.rs`); delay a warmup; route and take a slot (`admit.rs`);
 //! - `upstream_peer`: return the chosen backend (on a retry: the next one,
 //!   and the slot moves with it);
 //! - `upstream_request_filter`: strip and add the gateway's headers (with
 //!   load feedback: ask for the backend's load report); frame the body by
 //!   its length;
 //! - `request_body_filter`: emit the body read in `request_filter`;
-//! - `fail_to_connect` / `error_while_proxy`: exclude a failed backend, retry;
+//! - `fail_to_connect` / `error_while_proxy`: exclude a failed backend, retry
+//!   (`failure.rs`);
 //! - `response_filter`: tell the client where the request went and why;
 //! - `upstream_response_filter` / `upstream_response_body_filter`: read the
 //!   usage (and the load report, and a stored response's id) as the response
@@ -24,12 +25,18 @@
 //!   (`record.rs`), and the end of the request's span (`trace.rs`: a span
 //!   begins in `request_filter`, its context goes upstream in
 //!   `upstream_request_filter`, retries and refusals are its events).
+//!
+//! `build.rs` makes a `Gateway` from a config (and registers its metrics);
+//! `headers.rs` holds the whole upstream header policy.
 
 mod admit;
 mod body_reader;
+mod build;
 mod ctx;
 mod endpoints;
+mod failure;
 mod headers;
+mod prepare;
 mod record;
 mod respond;
 mod stored;
@@ -37,41 +44,31 @@ mod tenant;
 mod trace;
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime};
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use http::HeaderValue;
-use log::{debug, warn};
-use pingora::connectors::http::Connector;
-use pingora::connectors::ConnectorOptions;
-use pingora::lb::HealthCheckService;
+use log::debug;
 use pingora::prelude::*;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::ErrorType;
 
-use crate::accounting::Tracker;
 use crate::admission::load_report;
-use crate::api::{Api, BodyFormat};
 use crate::auth::{self, jwt::Verifier, Reason};
-use crate::body;
-use crate::config::{GatewayConfig, JwksSource};
-use crate::discovery::{AtStart, Discovery};
+use crate::config::GatewayConfig;
 use crate::errors::{self, ApiError, Shape};
-use crate::failover::{self, Decision, Failure};
+use crate::failover::{self, Failure};
 use crate::metrics;
-use crate::pool::{Members, ModelPool, Refresh};
-use crate::routing::owners;
+use crate::pool::ModelPool;
 use crate::routing::Owners;
-use crate::tenants::{Tenant, Tenants};
-use crate::tls;
+use crate::tenants::Tenants;
 use crate::trace::Traces;
 pub use ctx::RequestCtx;
 use ctx::{Attempt, Phase, Routed};
 use endpoints::Endpoint;
-use respond::{respond, respond_json, until_client_leaves, Stop};
+use respond::{respond, respond_json, Stop};
 
 /// How long the rest of a refused body is read and discarded after the
 /// answer; a client that is still sending then is cut off.
@@ -96,77 +93,6 @@ pub struct Gateway {
 }
 
 impl Gateway {
-    /// The gateway over the backends resolved at start, and the
-    /// health-check services to run beside it. `jwt` verifies tokens when
-    /// `config.jwt` is set (its keys already loaded).
-    pub fn new(
-        config: GatewayConfig,
-        jwt: Option<Verifier>,
-        resolved: AtStart,
-    ) -> (Self, Vec<(String, HealthCheckService)>) {
-        let mut services = Vec::new();
-        let mut pools = HashMap::new();
-        let owners = Arc::new(Owners::new(
-            owners::DEFAULT_MAX_ENTRIES,
-            owners::DEFAULT_MAX_AGE,
-        ));
-        for (m, (_, entries)) in config.models.iter().zip(resolved.models) {
-            let discovery = Discovery::new(&m.name, &config.discovery, entries);
-            let (pool, health) = ModelPool::new(
-                m,
-                discovery,
-                config.failure_exclusion,
-                config.health_check.as_ref(),
-                config.upstream_ca_file.as_deref(),
-                owners.clone(),
-            );
-            services.extend(health.map(|h| (format!("health check {}", m.name), h)));
-            pools.insert(m.name.clone(), Arc::new(pool));
-        }
-        let started = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        let readings = |read: fn(&ModelPool) -> metrics::Reading| {
-            let pools = pools.values();
-            pools.map(|p| (p.name.clone(), read(p))).collect()
-        };
-        metrics::register_exclusions(readings(ModelPool::exclusion_reading));
-        metrics::register_slot_limits(readings(ModelPool::slot_limit_reading));
-        let indexed = pools.values();
-        let indexed = indexed.filter_map(|p| Some((p.name.clone(), p.prefix_index_reading()?)));
-        metrics::register_prefix_index(indexed.collect());
-        if config.api_keys.is_some() || jwt.is_some() {
-            let fetched = config
-                .jwt
-                .as_ref()
-                .is_some_and(|j| matches!(j.jwks, JwksSource::Url { .. }));
-            metrics::init_auth(Reason::ALL.map(Reason::as_str), fetched);
-        }
-        // Its own connector: a question or two per unknown id needs no pool.
-        let options = tls::trusting(ConnectorOptions::new(0), config.upstream_ca_file.as_deref());
-        let lookup = stored::Lookup::new(
-            Connector::new(Some(options)),
-            config.upstream_api_key.as_deref(),
-            config.stored_responses.lookup_timeout,
-        );
-        let t = &config.tenants;
-        let listed = t.list.iter().cloned().collect();
-        let tenants = Tenants::new(listed, t.defaults, t.max_tracked, config.replicas)
-            .expect("the configuration refuses a tenant named `other`");
-        let traces = config.tracing.clone().map(Traces::new);
-        let gateway = Gateway {
-            traces,
-            config: Arc::new(config),
-            pools,
-            jwt,
-            owners,
-            lookup,
-            tenants,
-            started,
-        };
-        (gateway, services)
-    }
-
     /// Whether the request's credential is good (or none is required),
     /// and the tenant it names.
     async fn authenticate(&self, req: &RequestHeader) -> Result<Option<Arc<str>>, Reason> {
@@ -180,220 +106,9 @@ impl Gateway {
             .map(Some)
     }
 
-    /// Its request tracer, if tracing is on: to export what is left when
-    /// the server has stopped.
-    pub fn traces(&self) -> Option<Traces> {
-        self.traces.clone()
-    }
-
-    /// The service that re-resolves the models' DNS names, if any has one.
-    pub fn refresh_service(&self) -> Option<Refresh> {
-        let pools: Vec<Arc<ModelPool>> = self
-            .config
-            .models
-            .iter()
-            .filter(|m| m.uses_names())
-            .map(|m| self.pools[&m.name].clone())
-            .collect();
-        (!pools.is_empty()).then(|| Refresh {
-            pools,
-            every: self.config.discovery.refresh,
-        })
-    }
-
     /// Pools in configuration order.
     fn pools_in_order(&self) -> impl Iterator<Item = &Arc<ModelPool>> {
         self.config.models.iter().map(|m| &self.pools[&m.name])
-    }
-
-    /// Read the body, resolve the model, delay a warmup, take a slot.
-    async fn prepare(
-        &self,
-        session: &mut Session,
-        ctx: &mut RequestCtx,
-        api: Api,
-        tenant: &Arc<Tenant>,
-    ) -> Result<(), Stop> {
-        let req = session.req_header();
-        let cache_key = headers::cache_key(req)?;
-        let warmup = headers::is_warmup(req, api);
-        let raw = body_reader::read_whole(session, self.config.max_request_body_bytes).await?;
-        let facts = match api.body_format() {
-            BodyFormat::Json => body::inspect(&raw),
-            BodyFormat::Multipart => {
-                let content_type = session.req_header().headers.get(http::header::CONTENT_TYPE);
-                body::inspect_multipart(content_type.map_or(&[][..], |v| v.as_bytes()), &raw)
-            }
-        }
-        .map_err(|e| ApiError::BadRequest(e.to_string()))?;
-        let pool = self
-            .pools
-            .get(facts.model.as_ref())
-            .ok_or_else(|| ApiError::UnknownModel(facts.model.to_string()))?
-            .clone();
-        // A turn that continues a stored response goes where it is stored.
-        let continues = (api == Api::Responses)
-            .then(|| {
-                facts
-                    .previous_response_id
-                    .filter(|id| crate::api::valid_response_id(id))
-            })
-            .flatten()
-            .map(|id| id.into_owned());
-        let chain = pool.routing.policy().chain(api, &facts.prompt);
-        let held = self.serve(ctx, &pool, tenant)?;
-        // A stream whose client did not ask for usage: ask for it, and hide
-        // the extra chunk from the client.
-        let add_usage = api.is_completion()
-            && self.config.stream_usage
-            && facts.stream
-            && !facts.stream_options;
-        let tracker = api.dialect().map(|d| Tracker::new(d, add_usage));
-        let body: Bytes = if add_usage {
-            body::with_stream_usage(&raw).into()
-        } else {
-            raw
-        };
-        let input = (pool.routing.input(cache_key, warmup, api, &body))
-            .with_stored(continues)
-            .with_chain(chain);
-        if warmup {
-            self.warmup_delay(session).await?;
-        }
-        let attempt = self.admit(session, &pool, &input, tenant.share()).await?;
-        ctx.phase = Phase::Routed(Box::new(Routed {
-            pool,
-            input,
-            body,
-            tracker,
-            held,
-            owner_noted: false,
-            attempt,
-        }));
-        Ok(())
-    }
-
-    /// The request is for `pool`: counted under its model from now on, and
-    /// its tenant's budgets checked (429 at once when over one).
-    fn serve(
-        &self,
-        ctx: &mut RequestCtx,
-        pool: &Arc<ModelPool>,
-        tenant: &Arc<Tenant>,
-    ) -> Result<tenant::Held, ApiError> {
-        ctx.phase = Phase::Unserved(pool.clone());
-        ctx.tenant = Some(tenant.clone());
-        self.hold(tenant)
-    }
-
-    /// A retrieve or cancel of stored response `id`: to the backend that
-    /// stored it, whatever model that was, without a slot.
-    async fn prepare_stored(
-        &self,
-        session: &mut Session,
-        ctx: &mut RequestCtx,
-        id: String,
-        tenant: &Arc<Tenant>,
-    ) -> Result<(), Stop> {
-        let body = body_reader::read_whole(session, self.config.max_request_body_bytes).await?;
-        let pools: Vec<&Arc<ModelPool>> = self.pools_in_order().collect();
-        let pool = until_client_leaves(session, self.stored_owner(&id, &pools)).await??;
-        let held = self.serve(ctx, &pool, tenant)?;
-        let input = (pool.routing.input(None, false, Api::Stored, &body)).with_stored(Some(id));
-        let attempt = self.admit(session, &pool, &input, tenant.share()).await?;
-        ctx.phase = Phase::Routed(Box::new(Routed {
-            pool,
-            input,
-            body,
-            tracker: None,
-            held,
-            owner_noted: false,
-            attempt,
-        }));
-        Ok(())
-    }
-
-    /// Act on a failed attempt as the retry policy decides; true to retry.
-    fn on_failure(&self, ctx: &mut RequestCtx, failure: Failure, e: &Error) -> bool {
-        let Some(routed) = ctx.routed_mut() else {
-            return false;
-        };
-        let addr = routed.attempt.candidate.addr;
-        let decision = failover::decide(&failure);
-        let excluded = match decision {
-            Decision::GiveUp => return false,
-            // Its pooled connection was closed: connect again, same slot.
-            Decision::Reconnect => false,
-            Decision::ExcludeAndRetry => {
-                routed.attempt.failed = true;
-                routed.input.failed_on(addr);
-                // Restarted or not, its cache is no longer known.
-                routed.pool.routing.forget(&addr);
-                self.exclude(&routed.pool.name, &routed.attempt.members, addr, e)
-            }
-        };
-        if let Some(span) = &mut ctx.trace {
-            let reconnect = decision == Decision::Reconnect;
-            span.retry(addr, e.etype().as_str(), reconnect);
-            if excluded {
-                span.excluded(addr, self.config.failure_exclusion);
-            }
-        }
-        true
-    }
-
-    /// The failed attempt's slot is freed and the request routed again,
-    /// among the backends it has not failed on. When none takes it, the
-    /// request is unserved and the answer is the error.
-    async fn retry(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<()> {
-        let Some(routed) = ctx.routed_mut() else {
-            return Ok(());
-        };
-        routed.attempt.permit = None;
-        let pool = routed.pool.clone();
-        let share = routed.held.tenant().share().clone();
-        let stop = match self.admit(session, &pool, &routed.input, &share).await {
-            Ok(mut attempt) => {
-                attempt.queued += routed.attempt.queued;
-                routed.attempt = attempt;
-                return Ok(());
-            }
-            Err(stop) => stop,
-        };
-        ctx.phase = Phase::Unserved(pool);
-        match stop {
-            Stop::ClientGone(e) => Err(e),
-            Stop::Answer(e) => {
-                let status = e.status(shape(session));
-                ctx.error = Some(e);
-                Err(Error::explain(
-                    ErrorType::HTTPStatus(status),
-                    "no backend left to retry on",
-                ))
-            }
-        }
-    }
-
-    /// A backend failed before answering: count it, leave it out for the
-    /// window, and say why (a refused connection, a certificate that did not
-    /// verify, ...). True if this began its exclusion.
-    fn exclude(&self, model: &str, members: &Members, addr: SocketAddr, why: &Error) -> bool {
-        if let Some(series) = members.series(&addr) {
-            series.failures.inc();
-        }
-        let began = members.exclusions().exclude(addr, Instant::now());
-        if began {
-            warn!(
-                event = "backend_excluded",
-                model = model,
-                backend:display = addr,
-                for_secs = self.config.failure_exclusion.as_secs(),
-                error = why.etype().as_str(),
-                reason:display = why;
-                ""
-            );
-        }
-        began
     }
 }
 
@@ -527,28 +242,16 @@ impl ProxyHttp for Gateway {
         let Some(routed) = ctx.routed() else {
             return Ok(());
         };
-        // The gateway's copy goes upstream in one piece, whatever the
-        // client's framing (chunked) or length (before a rewrite).
-        upstream.remove_header(&http::header::TRANSFER_ENCODING);
-        let length = HeaderValue::from(routed.body.len());
-        upstream.insert_header(http::header::CONTENT_LENGTH, length)?;
-        let warmup = routed.input.warmup();
-        headers::rewrite_upstream(upstream, warmup, self.config.warmup.vllm_priority)?;
-        // The client's credentials are for the gateway, not for vLLM.
-        upstream.remove_header(&http::header::AUTHORIZATION);
-        upstream.remove_header(auth::X_API_KEY);
-        // The tenant a proxy in front named is the gateway's business.
-        if let Some(header) = &self.config.tenants.header {
-            upstream.remove_header(header);
-        }
-        if let Some(key) = &self.config.upstream_api_key {
-            upstream.insert_header(http::header::AUTHORIZATION, format!("Bearer {key}"))?;
-        }
-        if self.config.load_feedback {
-            // The gateway's own question, in the one format it reads,
-            // whatever the client asked.
-            upstream.insert_header(load_report::FORMAT_HEADER, "json")?;
-        }
+        let config = &self.config;
+        let to = headers::Upstream {
+            body_len: routed.body.len(),
+            warmup: routed.input.warmup(),
+            vllm_priority: config.warmup.vllm_priority,
+            tenant_header: config.tenants.header.as_ref(),
+            api_key: config.upstream_api_key.as_deref(),
+            load_report: config.load_feedback,
+        };
+        headers::rewrite_upstream(upstream, &to)?;
         trace::inject(ctx, upstream);
         Ok(())
     }

@@ -1,0 +1,117 @@
+//! Building the gateway: a pool per model over what discovery found at
+//! start, the metrics that read them, the stored-response lookup, the
+//! tenants and the tracer; and the services that run beside it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use pingora::connectors::http::Connector;
+use pingora::connectors::ConnectorOptions;
+use pingora::lb::HealthCheckService;
+
+use super::{stored, Gateway};
+use crate::auth::jwt::Verifier;
+use crate::auth::Reason;
+use crate::config::{GatewayConfig, JwksSource};
+use crate::discovery::{AtStart, Discovery};
+use crate::metrics;
+use crate::pool::{ModelPool, Refresh};
+use crate::routing::{owners, Owners};
+use crate::tenants::Tenants;
+use crate::tls;
+use crate::trace::Traces;
+
+impl Gateway {
+    /// The gateway over the backends resolved at start, and the
+    /// health-check services to run beside it. `jwt` verifies tokens when
+    /// `config.jwt` is set (its keys already loaded).
+    pub fn new(
+        config: GatewayConfig,
+        jwt: Option<Verifier>,
+        resolved: AtStart,
+    ) -> (Self, Vec<(String, HealthCheckService)>) {
+        let mut services = Vec::new();
+        let mut pools = HashMap::new();
+        let owners = Arc::new(Owners::new(
+            owners::DEFAULT_MAX_ENTRIES,
+            owners::DEFAULT_MAX_AGE,
+        ));
+        for (m, (_, entries)) in config.models.iter().zip(resolved.models) {
+            let discovery = Discovery::new(&m.name, &config.discovery, entries);
+            let (pool, health) = ModelPool::new(
+                m,
+                discovery,
+                config.failure_exclusion,
+                config.health_check.as_ref(),
+                config.upstream_ca_file.as_deref(),
+                owners.clone(),
+            );
+            services.extend(health.map(|h| (format!("health check {}", m.name), h)));
+            pools.insert(m.name.clone(), Arc::new(pool));
+        }
+        let started = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let readings = |read: fn(&ModelPool) -> metrics::Reading| {
+            let pools = pools.values();
+            pools.map(|p| (p.name.clone(), read(p))).collect()
+        };
+        metrics::register_exclusions(readings(ModelPool::exclusion_reading));
+        metrics::register_slot_limits(readings(ModelPool::slot_limit_reading));
+        let indexed = pools.values();
+        let indexed = indexed.filter_map(|p| Some((p.name.clone(), p.prefix_index_reading()?)));
+        metrics::register_prefix_index(indexed.collect());
+        if config.api_keys.is_some() || jwt.is_some() {
+            let fetched = config
+                .jwt
+                .as_ref()
+                .is_some_and(|j| matches!(j.jwks, JwksSource::Url { .. }));
+            metrics::init_auth(Reason::ALL.map(Reason::as_str), fetched);
+        }
+        // Its own connector: a question or two per unknown id needs no pool.
+        let options = tls::trusting(ConnectorOptions::new(0), config.upstream_ca_file.as_deref());
+        let lookup = stored::Lookup::new(
+            Connector::new(Some(options)),
+            config.upstream_api_key.as_deref(),
+            config.stored_responses.lookup_timeout,
+        );
+        let t = &config.tenants;
+        let listed = t.list.iter().cloned().collect();
+        let tenants = Tenants::new(listed, t.defaults, t.max_tracked, config.replicas)
+            .expect("the configuration refuses a tenant named `other`");
+        let traces = config.tracing.clone().map(Traces::new);
+        let gateway = Gateway {
+            traces,
+            config: Arc::new(config),
+            pools,
+            jwt,
+            owners,
+            lookup,
+            tenants,
+            started,
+        };
+        (gateway, services)
+    }
+
+    /// Its request tracer, if tracing is on: to export what is left when
+    /// the server has stopped.
+    pub fn traces(&self) -> Option<Traces> {
+        self.traces.clone()
+    }
+
+    /// The service that re-resolves the models' DNS names, if any has one.
+    pub fn refresh_service(&self) -> Option<Refresh> {
+        let pools: Vec<Arc<ModelPool>> = self
+            .config
+            .models
+            .iter()
+            .filter(|m| m.uses_names())
+            .map(|m| self.pools[&m.name].clone())
+            .collect();
+        (!pools.is_empty()).then(|| Refresh {
+            pools,
+            every: self.config.discovery.refresh,
+        })
+    }
+}

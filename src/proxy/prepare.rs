@@ -1,0 +1,160 @@
+//! Preparing a request before a backend takes it: its body read, its
+//! model (or its stored response's owner) found, its tenant's budgets
+//! checked, what routing reads of it; then routed and admitted
+//! (`admit.rs`), in one place for every kind of request.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use pingora::proxy::Session;
+
+use super::ctx::{Phase, Routed};
+use super::respond::{until_client_leaves, Stop};
+use super::{body_reader, headers, tenant, Gateway, RequestCtx};
+use crate::accounting::Tracker;
+use crate::api::{Api, BodyFormat};
+use crate::body;
+use crate::errors::ApiError;
+use crate::pool::ModelPool;
+use crate::routing::Routable;
+use crate::tenants::Tenant;
+
+/// A request ready to be routed.
+struct Prepared {
+    pool: Arc<ModelPool>,
+    input: Routable,
+    body: Bytes,
+    tracker: Option<Tracker>,
+    held: tenant::Held,
+}
+
+impl Gateway {
+    /// Read the body, resolve the model, delay a warmup, take a slot.
+    pub(super) async fn prepare(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+        api: Api,
+        tenant: &Arc<Tenant>,
+    ) -> Result<(), Stop> {
+        let req = session.req_header();
+        let cache_key = headers::cache_key(req)?;
+        let warmup = headers::is_warmup(req, api);
+        let raw = body_reader::read_whole(session, self.config.max_request_body_bytes).await?;
+        let facts = match api.body_format() {
+            BodyFormat::Json => body::inspect(&raw),
+            BodyFormat::Multipart => {
+                let content_type = session.req_header().headers.get(http::header::CONTENT_TYPE);
+                body::inspect_multipart(content_type.map_or(&[][..], |v| v.as_bytes()), &raw)
+            }
+        }
+        .map_err(|e| ApiError::BadRequest(e.to_string()))?;
+        let pool = self
+            .pools
+            .get(facts.model.as_ref())
+            .ok_or_else(|| ApiError::UnknownModel(facts.model.to_string()))?
+            .clone();
+        // A turn that continues a stored response goes where it is stored.
+        let continues = (api == Api::Responses)
+            .then(|| {
+                facts
+                    .previous_response_id
+                    .filter(|id| crate::api::valid_response_id(id))
+            })
+            .flatten()
+            .map(|id| id.into_owned());
+        let chain = pool.routing.policy().chain(api, &facts.prompt);
+        let held = self.serve(ctx, &pool, tenant)?;
+        // A stream whose client did not ask for usage: ask for it, and hide
+        // the extra chunk from the client.
+        let add_usage = api.is_completion()
+            && self.config.stream_usage
+            && facts.stream
+            && !facts.stream_options;
+        let tracker = api.dialect().map(|d| Tracker::new(d, add_usage));
+        let body: Bytes = if add_usage {
+            body::with_stream_usage(&raw).into()
+        } else {
+            raw
+        };
+        let input = (pool.routing.input(cache_key, warmup, api, &body))
+            .with_stored(continues)
+            .with_chain(chain);
+        if warmup {
+            self.warmup_delay(session).await?;
+        }
+        let request = Prepared {
+            pool,
+            input,
+            body,
+            tracker,
+            held,
+        };
+        self.enter(session, ctx, request, tenant).await
+    }
+
+    /// The request is for `pool`: counted under its model from now on, and
+    /// its tenant's budgets checked (429 at once when over one).
+    fn serve(
+        &self,
+        ctx: &mut RequestCtx,
+        pool: &Arc<ModelPool>,
+        tenant: &Arc<Tenant>,
+    ) -> Result<tenant::Held, ApiError> {
+        ctx.phase = Phase::Unserved(pool.clone());
+        ctx.tenant = Some(tenant.clone());
+        self.hold(tenant)
+    }
+
+    /// A retrieve or cancel of stored response `id`: to the backend that
+    /// stored it, whatever model that was, without a slot.
+    pub(super) async fn prepare_stored(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+        id: String,
+        tenant: &Arc<Tenant>,
+    ) -> Result<(), Stop> {
+        let body = body_reader::read_whole(session, self.config.max_request_body_bytes).await?;
+        let pools: Vec<&Arc<ModelPool>> = self.pools_in_order().collect();
+        let pool = until_client_leaves(session, self.stored_owner(&id, &pools)).await??;
+        let held = self.serve(ctx, &pool, tenant)?;
+        let input = (pool.routing.input(None, false, Api::Stored, &body)).with_stored(Some(id));
+        let request = Prepared {
+            pool,
+            input,
+            body,
+            tracker: None,
+            held,
+        };
+        self.enter(session, ctx, request, tenant).await
+    }
+
+    /// Route the request and take a slot: from then on it is routed.
+    async fn enter(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+        request: Prepared,
+        tenant: &Arc<Tenant>,
+    ) -> Result<(), Stop> {
+        let Prepared {
+            pool,
+            input,
+            body,
+            tracker,
+            held,
+        } = request;
+        let attempt = self.admit(session, &pool, &input, tenant.share()).await?;
+        ctx.phase = Phase::Routed(Box::new(Routed {
+            pool,
+            input,
+            body,
+            tracker,
+            held,
+            owner_noted: false,
+            attempt,
+        }));
+        Ok(())
+    }
+}
