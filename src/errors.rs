@@ -57,22 +57,7 @@ pub enum ApiError {
     GatewayTimeout,
 }
 
-/// Which API's error shape a client expects.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Shape {
-    OpenAi,
-    Anthropic,
-}
-
-impl Shape {
-    /// The shape of the errors of a request to `path`.
-    pub fn of_path(path: &str) -> Self {
-        match path.starts_with("/v1/messages") {
-            true => Shape::Anthropic,
-            false => Shape::OpenAi,
-        }
-    }
-}
+pub use crate::api::Shape;
 
 impl ApiError {
     /// The status in `shape`: Anthropic's SDKs know an overloaded server

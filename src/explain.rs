@@ -40,7 +40,9 @@ pub enum Query<'a> {
 pub fn explain(model: &ModelConfig, entries: &Entries, query: Query) -> Vec<String> {
     let policy = &model.policy;
     let derived = match query {
-        Query::Body { path, body } => policy.derived_key(Api::of_path(path), body),
+        Query::Body { path, body } => {
+            policy.derived_key(Api::of_path(path), &crate::body::prompt_of(body))
+        }
         Query::Key(_) => None,
     };
     let keyless = policy.keyless.as_str();
@@ -394,7 +396,10 @@ mod tests {
     fn a_chat_body_is_ranked_by_its_derived_key() {
         let m = model("  routing: {keyless: prefix}\n");
         let body = br#"{"messages":[{"role":"system","content":"Be terse."},{"role":"user","content":"hi"},{"role":"assistant","content":"hello"},{"role":"user","content":"again"}],"model":"m"}"#;
-        let key = m.policy.derived_key(Api::of_path(CHAT), body).unwrap();
+        let key = m
+            .policy
+            .derived_key(Api::of_path(CHAT), &crate::body::prompt_of(body))
+            .unwrap();
         let lines = explain(&m, &entries(&m), Query::Body { path: CHAT, body });
         assert!(lines[0].ends_with(key.as_str()), "{lines:?}");
         assert_eq!(pairs(&rows(&lines)), documented(&m, key.as_bytes()));

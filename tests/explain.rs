@@ -115,13 +115,14 @@ fn a_key_lists_the_backends_in_the_documented_order() {
 fn a_body_is_ranked_by_its_derived_key() {
     let prefix_routing = yaml("  routing: {keyless: prefix}\n");
     let chat = r#"{"messages":[{"role":"system","content":"Be terse."},{"role":"user","content":"hi"}],"model":"m"}"#;
-    let key = prefix::derive(Api::ChatCompletions, chat.as_bytes(), Head::FirstUser, 2048).unwrap();
+    let key =
+        prefix::of_body(Api::ChatCompletions, chat.as_bytes(), Head::FirstUser, 2048).unwrap();
     let out = stdout(&route(&prefix_routing, Some(chat), &["--model", "m"]));
     assert!(out.contains(key.as_str()), "{out}");
     assert_eq!(ranked(&out), documented(key.as_bytes()), "{out}");
 
     let completion = r#"{"prompt":"Once upon a time","model":"m"}"#;
-    let key = prefix::derive(
+    let key = prefix::of_body(
         Api::Completions,
         completion.as_bytes(),
         Head::FirstUser,

@@ -72,7 +72,7 @@ async fn keyless_turns_of_a_conversation_stay_on_one_backend() {
     for c in 0..10 {
         let body = turn(c, 0).to_string();
         let derived =
-            prefix::derive(Api::ChatCompletions, body.as_bytes(), Head::FirstUser, 2048).unwrap();
+            prefix::of_body(Api::ChatCompletions, body.as_bytes(), Head::FirstUser, 2048).unwrap();
         let want = ranking(derived.as_str(), &bs)[0].clone();
         for n in 0..4 {
             let resp = client()
@@ -105,7 +105,7 @@ async fn keyless_turns_of_a_conversation_stay_on_one_backend() {
     assert_eq!(total, 40.0);
     eventually("40 lines", || async { gw.cache_lines().len() == 40 }).await;
     let lines = gw.cache_lines();
-    let first = prefix::derive(
+    let first = prefix::of_body(
         Api::ChatCompletions,
         turn(0, 0).to_string().as_bytes(),
         Head::FirstUser,
@@ -139,7 +139,7 @@ async fn keyless_system_keeps_a_sessions_warmup_and_sub_agents_together() {
     let mut used = std::collections::BTreeSet::new();
     for s in 0..12 {
         let system = json!({"role": "system", "content": format!("agent memory of session {s}")});
-        let derived = prefix::derive(
+        let derived = prefix::of_body(
             Api::ChatCompletions,
             json!({"messages": [system.clone()], "model": "m"})
                 .to_string()

@@ -339,6 +339,4 @@ impl Drop for Place {
 }
 
 #[cfg(test)]
-mod fair_tests;
-#[cfg(test)]
 mod tests;

@@ -12,6 +12,8 @@ use serde::de::IgnoredAny;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use crate::api::Field;
+
 #[derive(Debug, PartialEq, thiserror::Error)]
 pub enum BodyError {
     #[error("request body is not a JSON object: {0}")]
@@ -74,6 +76,20 @@ impl<'a> Probe<'a> {
             instructions: self.instructions,
             input: self.input,
             prompt: self.prompt,
+        }
+    }
+}
+
+impl<'a> Prompt<'a> {
+    /// The field `f`, as sent.
+    pub fn field(&self, f: Field) -> Option<&'a RawValue> {
+        match f {
+            Field::Tools => self.tools,
+            Field::System => self.system,
+            Field::Messages => self.messages,
+            Field::Instructions => self.instructions,
+            Field::Input => self.input,
+            Field::Prompt => self.prompt,
         }
     }
 }

@@ -324,8 +324,4 @@ fn socket_addr(path: &str, value: &str) -> Result<SocketAddr, Invalid> {
 }
 
 #[cfg(test)]
-mod keys_tests;
-#[cfg(test)]
 mod tests;
-#[cfg(test)]
-mod tls_tests;

@@ -202,7 +202,7 @@ fn an_excluded_backend_falls_back_then_returns_after_the_window() {
     let routing = routing();
     let best = |t| {
         let key = Some(HeaderValue::from_static("k1"));
-        let input = routing.input(key, false, Api::ChatCompletions, b"");
+        let input = routing.input(key, false, Api::ChatCompletions, &Default::default());
         let first = p.route(&routing, &input, t).unwrap().first();
         first
     };
@@ -223,7 +223,7 @@ fn all_excluded_reports_the_earliest_return() {
     p.exclusions()
         .exclude(p.addrs()[1], now + Duration::from_secs(10));
     let routing = routing();
-    let input = routing.input(None, false, Api::ChatCompletions, b"");
+    let input = routing.input(None, false, Api::ChatCompletions, &Default::default());
     let later = now + Duration::from_secs(10);
     let Err(Unroutable::NoBackend) = p.route(&routing, &input, later) else {
         panic!("every backend is excluded");

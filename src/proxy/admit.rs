@@ -58,7 +58,7 @@ impl Gateway {
             stored::count("known");
         }
         let plan = routed.map_err(|why| unroutable(pool, &members, why))?;
-        if !input.api().takes_slot() {
+        if !input.api().describe().takes_slot {
             let candidate = plan.first();
             let expected_tokens = plan.expected_tokens(candidate.addr);
             plan.admitted(candidate);

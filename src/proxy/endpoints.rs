@@ -108,7 +108,7 @@ mod tests {
         );
         assert_eq!(
             classify(&Method::POST, "/v1/embeddings"),
-            Endpoint::Proxy(Api::Engine)
+            Endpoint::Proxy(Api::Embeddings)
         );
         assert_eq!(
             classify(&Method::GET, "/v1/responses/resp_1"),

@@ -27,7 +27,7 @@ pub fn cache_key(req: &RequestHeader) -> Result<Option<HeaderValue>, ApiError> {
 
 /// `X-Poimen-Warmup: true` (or `1`, any case) on a completion.
 pub fn is_warmup(req: &RequestHeader, api: Api) -> bool {
-    api.is_completion()
+    api.describe().completion
         && req.headers.get_all(WARMUP).iter().any(|v| {
             let v = v.as_bytes();
             v.eq_ignore_ascii_case(b"true") || v == b"1"

@@ -41,7 +41,8 @@ impl Gateway {
         let cache_key = headers::cache_key(req)?;
         let warmup = headers::is_warmup(req, api);
         let raw = body_reader::read_whole(session, self.config.max_request_body_bytes).await?;
-        let facts = match api.body_format() {
+        let described = api.describe();
+        let facts = match described.body {
             BodyFormat::Json => body::inspect(&raw),
             BodyFormat::Multipart => {
                 let content_type = session.req_header().headers.get(http::header::CONTENT_TYPE);
@@ -55,7 +56,7 @@ impl Gateway {
             .ok_or_else(|| ApiError::UnknownModel(facts.model.to_string()))?
             .clone();
         // A turn that continues a stored response goes where it is stored.
-        let continues = (api == Api::Responses)
+        let continues = (described.continues_stored)
             .then(|| {
                 facts
                     .previous_response_id
@@ -64,22 +65,22 @@ impl Gateway {
             .flatten()
             .map(|id| id.into_owned());
         let chain = pool.routing.policy().chain(api, &facts.prompt);
+        let input = (pool.routing.input(cache_key, warmup, api, &facts.prompt))
+            .with_stored(continues)
+            .with_chain(chain);
         let held = self.serve(ctx, &pool, tenant)?;
         // A stream whose client did not ask for usage: ask for it, and hide
         // the extra chunk from the client.
-        let add_usage = api.is_completion()
+        let add_usage = described.completion
             && self.config.stream_usage
             && facts.stream
             && !facts.stream_options;
-        let tracker = api.dialect().map(|d| Tracker::new(d, add_usage));
+        let tracker = described.dialect.map(|d| Tracker::new(d, add_usage));
         let body: Bytes = if add_usage {
             body::with_stream_usage(&raw).into()
         } else {
             raw
         };
-        let input = (pool.routing.input(cache_key, warmup, api, &body))
-            .with_stored(continues)
-            .with_chain(chain);
         if warmup {
             self.warmup_delay(session).await?;
         }
@@ -119,7 +120,10 @@ impl Gateway {
         let pools: Vec<&Arc<ModelPool>> = self.pools_in_order().collect();
         let pool = until_client_leaves(session, self.stored_owner(&id, &pools)).await??;
         let held = self.serve(ctx, &pool, tenant)?;
-        let input = (pool.routing.input(None, false, Api::Stored, &body)).with_stored(Some(id));
+        let input = (pool
+            .routing
+            .input(None, false, Api::Stored, &Default::default()))
+        .with_stored(Some(id));
         let request = Prepared {
             pool,
             input,

@@ -60,12 +60,7 @@ pub(super) fn finish(session: &Session, ctx: &mut RequestCtx, e: Option<&Error>)
     }
     let req = session.req_header();
     let path = req.uri.path();
-    // A stored response's id is not part of its route.
-    let route = match api::stored_response(&req.method, path) {
-        Some(_) if path.ends_with("/cancel") => "/v1/responses/{id}/cancel",
-        Some(_) => "/v1/responses/{id}",
-        None => path,
-    };
+    let route = api::route(&req.method, path);
     let (model, routed) = match &ctx.phase {
         Phase::Local => (None, None),
         Phase::Unserved(pool) => (Some(pool.name.as_str()), None),

@@ -29,7 +29,7 @@
 use serde_json::value::RawValue;
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
-use crate::api::Api;
+use crate::api::{Api, Conversation};
 use crate::body::{self, Prompt};
 
 /// Bytes of the stream per block.
@@ -47,12 +47,17 @@ pub fn of(api: Api, body: &[u8]) -> Vec<u64> {
 /// The chain of a prompt's fields, read from the body already
 /// (`body::inspect`).
 pub fn of_prompt(api: Api, p: &Prompt) -> Vec<u64> {
-    match api {
-        Api::ChatCompletions => stream(&[p.tools, p.messages]),
-        Api::Messages => stream(&[p.tools, p.system, p.messages]),
-        Api::Responses => stream(&[p.tools, p.instructions, p.input]),
-        Api::Completions => stream(&[p.prompt]),
-        _ => Vec::new(),
+    match api.describe().conversation {
+        Some(Conversation::Messages {
+            system: Some(system),
+            messages,
+        }) => stream(&[p.tools, p.field(system), p.field(messages)]),
+        Some(Conversation::Messages {
+            system: None,
+            messages,
+        }) => stream(&[p.tools, p.field(messages)]),
+        Some(Conversation::Text) => stream(&[p.prompt]),
+        None => Vec::new(),
     }
 }
 

@@ -74,6 +74,7 @@ use std::net::SocketAddr;
 use smallvec::SmallVec;
 
 use crate::api::Api;
+use crate::body::Prompt;
 use round_robin::RoundRobin;
 
 pub use model::{ModelRouting, Observed, Plan, Routable, Unroutable};
@@ -241,15 +242,15 @@ impl Keyless {
 impl Policy {
     /// The key a request without `X-Poimen-Cache-Key` is ranked by: derived
     /// from its body, when the policy says so and the body has a head.
-    pub fn derived_key(&self, api: Api, body: &[u8]) -> Option<prefix::DerivedKey> {
+    pub fn derived_key(&self, api: Api, prompt: &Prompt) -> Option<prefix::DerivedKey> {
         match self.keyless {
-            Keyless::Derived(head) => prefix::derive(api, body, head, self.keyless_prefix_bytes),
+            Keyless::Derived(head) => prefix::derive(api, prompt, head, self.keyless_prefix_bytes),
             Keyless::RoundRobin => None,
         }
     }
 
     /// The chain of a request's prompt, when an index is kept.
-    pub fn chain(&self, api: Api, prompt: &crate::body::Prompt) -> Vec<u64> {
+    pub fn chain(&self, api: Api, prompt: &Prompt) -> Vec<u64> {
         match self.prefix_index {
             Some(_) => chain::of_prompt(api, prompt),
             None => Vec::new(),

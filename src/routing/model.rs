@@ -22,6 +22,7 @@ use super::owners::{Owner, Owners};
 use super::prefix::DerivedKey;
 use super::{Affinity, Candidate, Facts, Policy, Ranking, Request, Route, RoutingTable};
 use crate::api::Api;
+use crate::body::Prompt;
 
 /// One model's routing policy and the state it keeps across requests and
 /// backend sets.
@@ -219,18 +220,19 @@ impl ModelRouting {
         }
     }
 
-    /// What routing reads of a request of `api` with this `body`: the
-    /// header key, else a key derived from the body when the policy says so.
+    /// What routing reads of a request of `api` with this `prompt` (its
+    /// body's fields): the header key, else a key derived from the prompt
+    /// when the policy says so.
     pub fn input(
         &self,
         cache_key: Option<HeaderValue>,
         warmup: bool,
         api: Api,
-        body: &[u8],
+        prompt: &Prompt,
     ) -> Routable {
         let derived_key = match cache_key {
             Some(_) => None,
-            None => self.policy.derived_key(api, body),
+            None => self.policy.derived_key(api, prompt),
         };
         Routable {
             cache_key,
@@ -406,7 +408,7 @@ mod tests {
             .policy
             .chain(api, &crate::body::prompt_of(body.as_bytes()));
         routing
-            .input(key, false, api, body.as_bytes())
+            .input(key, false, api, &crate::body::prompt_of(body.as_bytes()))
             .with_chain(chain)
     }
 
@@ -527,7 +529,7 @@ mod tests {
         let t = Instant::now();
         let stored = |id: &str| {
             routing
-                .input(None, false, Api::Responses, b"{}")
+                .input(None, false, Api::Responses, &Prompt::default())
                 .with_stored(Some(id.into()))
         };
         let idle = |_: usize| Facts::default();

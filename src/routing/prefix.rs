@@ -54,7 +54,8 @@ use serde::Deserialize;
 use serde_json::Value;
 use xxhash_rust::xxh3::{xxh3_64, Xxh3Default};
 
-use crate::api::Api;
+use crate::api::{Api, Conversation, Field};
+use crate::body;
 
 /// A derived key: the head's hash as 16 lowercase hex digits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,38 +94,46 @@ pub enum Head {
     System,
 }
 
-/// The derived key of a request body of `api`, if it has a head.
-pub fn derive(api: Api, body: &[u8], head: Head, prompt_bytes: usize) -> Option<DerivedKey> {
-    let hash = match api {
-        Api::ChatCompletions => {
-            let chat = serde_json::from_slice::<ChatBody>(body).ok()?;
-            hash_head(None, chat.messages?.0, head)?
+/// The derived key of a request of `api` with `prompt` (its body's fields),
+/// if it has a head.
+pub fn derive(
+    api: Api,
+    prompt: &body::Prompt,
+    head: Head,
+    prompt_bytes: usize,
+) -> Option<DerivedKey> {
+    let hash = match api.describe().conversation? {
+        Conversation::Messages { system, messages } => {
+            let system = match system.and_then(|f| prompt.field(f)) {
+                Some(raw) => Some(serde_json::from_str::<Value>(raw.get()).ok()?),
+                None => None,
+            };
+            let raw = prompt.field(messages)?.get();
+            let list = match messages {
+                Field::Input => serde_json::from_str::<ResponsesInput>(raw).ok()?.0,
+                _ => serde_json::from_str::<HeadList>(raw).ok()?.0,
+            };
+            hash_head(system, list, head)?
         }
-        Api::Responses => {
-            let r = serde_json::from_slice::<ResponsesBody>(body).ok()?;
-            hash_head(r.instructions, r.input?.0, head)?
-        }
-        Api::Messages => {
-            let m = serde_json::from_slice::<MessagesBody>(body).ok()?;
-            hash_head(m.system, m.messages?.0, head)?
-        }
-        Api::Completions => {
-            let prompt = match serde_json::from_slice::<CompletionBody>(body)
-                .ok()?
-                .prompt?
-            {
+        Conversation::Text => {
+            let text = match serde_json::from_str::<Prompt>(prompt.prompt?.get()).ok()? {
                 Prompt::Text(t) => t,
                 Prompt::Other(_) => return None,
             };
-            let head = &prompt.as_bytes()[..prompt.len().min(prompt_bytes)];
+            let head = &text.as_bytes()[..text.len().min(prompt_bytes)];
             if head.is_empty() {
                 return None;
             }
             xxh3_64(head)
         }
-        _ => return None,
     };
     Some(DerivedKey::new(hash))
+}
+
+/// The derived key of a whole request body of `api` (`derive` reads the
+/// fields the body's one parse found).
+pub fn of_body(api: Api, body: &[u8], head: Head, prompt_bytes: usize) -> Option<DerivedKey> {
+    derive(api, &body::prompt_of(body), head, prompt_bytes)
 }
 
 /// The hash of `head` of the messages `system` (as a message of role
@@ -159,34 +168,6 @@ fn hash_head(system: Option<Value>, list: Vec<Message>, head: Head) -> Option<u6
         // Nothing before the user message, or no user message: all of it.
         Head::System => before_user.unwrap_or(through_user),
     })
-}
-
-#[derive(Deserialize)]
-struct ChatBody {
-    #[serde(default)]
-    messages: Option<HeadList>,
-}
-
-#[derive(Deserialize)]
-struct ResponsesBody {
-    #[serde(default)]
-    instructions: Option<Value>,
-    #[serde(default)]
-    input: Option<ResponsesInput>,
-}
-
-#[derive(Deserialize)]
-struct MessagesBody {
-    #[serde(default)]
-    system: Option<Value>,
-    #[serde(default)]
-    messages: Option<HeadList>,
-}
-
-#[derive(Deserialize)]
-struct CompletionBody<'a> {
-    #[serde(borrow, default)]
-    prompt: Option<Prompt<'a>>,
 }
 
 #[derive(Deserialize)]
@@ -284,7 +265,7 @@ mod tests {
 
     fn chat_with(head: Head, messages: serde_json::Value) -> Option<String> {
         let body = json!({"messages": messages, "model": "m"}).to_string();
-        derive(CHAT, body.as_bytes(), head, 2048).map(|k| k.to_string())
+        of_body(CHAT, body.as_bytes(), head, 2048).map(|k| k.to_string())
     }
 
     fn chat(messages: serde_json::Value) -> Option<String> {
@@ -338,7 +319,7 @@ mod tests {
         );
         let body = br#"{"prompt":"Once upon a time","model":"m"}"#;
         assert_eq!(
-            derive(Api::Completions, body, Head::FirstUser, 2048)
+            of_body(Api::Completions, body, Head::FirstUser, 2048)
                 .unwrap()
                 .to_string(),
             format!("{:016x}", xxh3_64(b"Once upon a time"))
@@ -352,7 +333,7 @@ mod tests {
             r#"{"model":"m","messages":[{"content":[{"text":"hi","type":"text"}],"role":"user"}]}"#;
         assert_eq!(
             chat(parts.clone()),
-            derive(CHAT, reordered.as_bytes(), Head::FirstUser, 2048).map(|k| k.to_string())
+            of_body(CHAT, reordered.as_bytes(), Head::FirstUser, 2048).map(|k| k.to_string())
         );
         assert_ne!(
             chat(parts),
@@ -364,7 +345,7 @@ mod tests {
     fn a_completion_prompt_is_cut_at_the_configured_bytes() {
         let key = |p: &str, n| {
             let body = json!({"prompt": p, "model": "m"}).to_string();
-            derive(Api::Completions, body.as_bytes(), Head::FirstUser, n)
+            of_body(Api::Completions, body.as_bytes(), Head::FirstUser, n)
         };
         assert_eq!(key("abcdef-1", 6), key("abcdef-2", 6));
         assert_ne!(key("abcdef-1", 8), key("abcdef-2", 8));
@@ -376,14 +357,14 @@ mod tests {
         assert_eq!(chat(json!([])), None);
         for head in [Head::FirstUser, Head::System] {
             assert_eq!(chat_with(head, json!([])), None);
-            assert_eq!(derive(CHAT, br#"{"model":"m"}"#, head, 2048), None);
+            assert_eq!(of_body(CHAT, br#"{"model":"m"}"#, head, 2048), None);
             let not_a_list = br#"{"messages":"x","model":"m"}"#;
-            assert_eq!(derive(CHAT, not_a_list, head, 2048), None);
-            assert_eq!(derive(CHAT, b"not json", head, 2048), None);
+            assert_eq!(of_body(CHAT, not_a_list, head, 2048), None);
+            assert_eq!(of_body(CHAT, b"not json", head, 2048), None);
             let tokens = br#"{"prompt":[1,2,3],"model":"m"}"#;
-            assert_eq!(derive(Api::Completions, tokens, head, 2048), None);
+            assert_eq!(of_body(Api::Completions, tokens, head, 2048), None);
             let embeddings = br#"{"input":"x"}"#;
-            assert_eq!(derive(Api::Engine, embeddings, head, 2048), None);
+            assert_eq!(of_body(Api::Engine, embeddings, head, 2048), None);
         }
     }
 
@@ -406,7 +387,7 @@ mod tests {
     }
 
     fn key(api: Api, head: Head, body: serde_json::Value) -> Option<String> {
-        derive(api, body.to_string().as_bytes(), head, 2048).map(|k| k.to_string())
+        of_body(api, body.to_string().as_bytes(), head, 2048).map(|k| k.to_string())
     }
 
     const SYSTEM: &str = "You are helpful. Memory: likes tea.";
@@ -493,7 +474,7 @@ mod tests {
             br#"{"input":[{"content":[{"text":"hi","type":"input_text"}],"role":"user"}]}"#;
         assert_eq!(
             key(Api::Responses, Head::FirstUser, typed),
-            derive(Api::Responses, untyped, Head::FirstUser, 2048).map(|k| k.to_string())
+            of_body(Api::Responses, untyped, Head::FirstUser, 2048).map(|k| k.to_string())
         );
         // An item without a role: its type, then itself, keys sorted.
         let body = json!({"input": [
@@ -517,7 +498,7 @@ mod tests {
     fn pinned_values_of_responses_and_messages() {
         // If these change, every deployed conversation moves.
         let derived = |api, body: &str| {
-            let key = derive(api, body.as_bytes(), Head::FirstUser, 2048);
+            let key = of_body(api, body.as_bytes(), Head::FirstUser, 2048);
             key.unwrap().to_string()
         };
         let documented = b"system\x1fBe brief.\x1euser\x1fhi\x1e";
@@ -562,7 +543,7 @@ mod tests {
                 assert_eq!(key(Api::Messages, head, body.clone()), None, "{body}");
             }
             for api in OTHERS {
-                assert_eq!(derive(api, b"not json", head, 2048), None);
+                assert_eq!(of_body(api, b"not json", head, 2048), None);
             }
         }
     }

@@ -161,7 +161,8 @@ impl RequestSpan {
         if !self.is_recording() {
             return;
         }
-        let operation = o.api.and_then(|api| api.gen_ai_operation(o.route));
+        let described = o.api.map(Api::describe);
+        let operation = described.and_then(|d| d.operation);
         let name = match (operation, o.model) {
             (Some(op), Some(model)) => format!("{op} {model}"),
             _ => format!("{} {}", self.method, o.route),
@@ -176,13 +177,9 @@ impl RequestSpan {
                 i64::from(o.status),
             ));
         }
-        if let Some(op) = operation {
+        if let (Some(op), Some(d)) = (operation, described) {
             a.push(KeyValue::new(semconv::GEN_AI_OPERATION_NAME, op));
-            let provider = match o.api {
-                Some(Api::Messages) => "anthropic",
-                _ => "openai",
-            };
-            a.push(KeyValue::new(semconv::GEN_AI_PROVIDER_NAME, provider));
+            a.push(KeyValue::new(semconv::GEN_AI_PROVIDER_NAME, d.provider));
         }
         // Values are moved to the exporting thread: static or shared where
         // they can be, copied where they cannot.

@@ -20,11 +20,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde_json::Value as Json;
 use serde_yaml::{Mapping, Value};
 
-use super::*;
+use crate::config::*;
 use example::{example_keys, statement, yaml_token};
 
-const EXAMPLE: &str = include_str!("../../../conf/gateway.yaml");
-const DOCS: &str = include_str!("../../../docs/configuration.md");
+const EXAMPLE: &str = include_str!("../../../../conf/gateway.yaml");
+const DOCS: &str = include_str!("../../../../docs/configuration.md");
 
 /// Numbers passed on as they are: no range to state.
 const UNBOUNDED: [&str; 1] = ["gateway.warmup.vllm_priority"];

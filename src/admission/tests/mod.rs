@@ -1,3 +1,8 @@
+//! Admission's tests: slots and the queue (here), fairness between tenants
+//! (`fair.rs`).
+
+mod fair;
+
 use super::*;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::LazyLock;

@@ -2,8 +2,8 @@
 
 use std::path::{Path, PathBuf};
 
-use super::tests::err;
-use super::*;
+use super::err;
+use crate::config::*;
 
 /// A fresh directory with a self-signed certificate and its key
 /// (`cert.pem`, `key.pem`), another pair's key (`other-key.pem`) and some

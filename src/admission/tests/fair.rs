@@ -1,8 +1,8 @@
 //! Fairness between tenants (see `fair`), in exact sequences: one slot,
 //! freed again and again, and who it is handed to.
 
-use super::tests::{admission, ready, with_feedback, LONG};
-use super::*;
+use super::{admission, ready, with_feedback, LONG};
+use crate::admission::*;
 use tokio::sync::oneshot::error::TryRecvError;
 
 fn queued(t: Ticket) -> Place {

@@ -1,3 +1,9 @@
+//! The config's tests: loading and checks (here), every key held to the
+//! shipped example and the docs (`keys/`), TLS settings (`tls.rs`).
+
+mod keys;
+mod tls;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
