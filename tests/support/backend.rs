@@ -4,9 +4,12 @@
 //! or HTTPS with a given certificate (`start_tls`).
 
 use std::convert::Infallible;
+use std::io::{self, IoSlice};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -15,7 +18,7 @@ use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_rustls::rustls::ServerConfig;
@@ -71,6 +74,8 @@ struct State {
     max_inflight: AtomicUsize,
     /// When each SSE event was written, for streaming assertions.
     sent_at: Mutex<Vec<Instant>>,
+    /// Bytes written to its connections, as the sockets took them.
+    written: AtomicU64,
 }
 
 pub struct FakeBackend {
@@ -108,6 +113,7 @@ impl FakeBackend {
             inflight: AtomicUsize::new(0),
             max_inflight: AtomicUsize::new(0),
             sent_at: Mutex::default(),
+            written: AtomicU64::new(0),
         });
         let mut backend = FakeBackend {
             addr,
@@ -189,16 +195,97 @@ impl FakeBackend {
     pub fn sent_at(&self) -> Vec<Instant> {
         self.state.sent_at.lock().unwrap().clone()
     }
+
+    /// The bytes written to its connections once writing has stopped (the
+    /// same count twice, 200 ms apart): what the other side took before it
+    /// stopped taking more.
+    pub async fn written_when_stalled(&self) -> u64 {
+        let read = || self.state.written.load(Ordering::SeqCst);
+        let mut last = read();
+        for _ in 0..100 {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let now = read();
+            if now == last {
+                return now;
+            }
+            last = now;
+        }
+        panic!("the backend was still writing after 20 s ({last} bytes)");
+    }
 }
 
 async fn serve_connection<S>(stream: S, state: Arc<State>)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    let counted = Counted {
+        inner: stream,
+        state: state.clone(),
+    };
     let svc = service_fn(move |req| handle(state.clone(), req));
     let _ = hyper::server::conn::http1::Builder::new()
-        .serve_connection(TokioIo::new(stream), svc)
+        .serve_connection(TokioIo::new(counted), svc)
         .await;
+}
+
+/// A connection that counts what the backend writes to it.
+struct Counted<S> {
+    inner: S,
+    state: Arc<State>,
+}
+
+impl<S> Counted<S> {
+    fn count(&self, written: &Poll<io::Result<usize>>) {
+        if let Poll::Ready(Ok(n)) = written {
+            self.state.written.fetch_add(*n as u64, Ordering::SeqCst);
+        }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Counted<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Counted<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let written = Pin::new(&mut this.inner).poll_write(cx, buf);
+        this.count(&written);
+        written
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let written = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        this.count(&written);
+        written
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
 }
 
 /// Counts a request in flight until dropped (also when the client leaves).
