@@ -19,19 +19,18 @@ use crate::metrics;
 use crate::pool::{Members, ModelPool};
 use crate::routing::{Routable, Unroutable};
 
-impl Gateway {
-    /// A warmup sleeps before it competes for a slot, holding
-    /// neither a slot nor a queue place, so agent requests that arrive
-    /// meanwhile go first.
-    pub(super) async fn warmup_delay(&self, session: &mut Session) -> Result<(), Stop> {
-        let delay = self.config.warmup.delay;
-        if delay.is_zero() {
-            return Ok(());
-        }
-        metrics::WARMUP_DELAYED.inc();
-        until_client_leaves(session, tokio::time::sleep(delay)).await
+/// A warmup sleeps `delay` before it competes for a slot, holding neither
+/// a slot nor a queue place, so agent requests that arrive meanwhile go
+/// first.
+pub(super) async fn warmup_delay(session: &mut Session, delay: Duration) -> Result<(), Stop> {
+    if delay.is_zero() {
+        return Ok(());
     }
+    metrics::WARMUP_DELAYED.inc();
+    until_client_leaves(session, tokio::time::sleep(delay)).await
+}
 
+impl Gateway {
     /// Route the request and wait for a slot: on its first candidate, or
     /// with `overflow: spill` on the first that has room.
     pub(super) async fn admit(

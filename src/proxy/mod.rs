@@ -430,7 +430,7 @@ impl ProxyHttp for Gateway {
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
         // Free the slot even if the response never ended cleanly.
         ctx.end();
-        self.record(session, ctx);
+        record::record(session, ctx);
         trace::finish(session, ctx, e);
     }
 }

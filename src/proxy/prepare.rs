@@ -10,7 +10,7 @@ use pingora::proxy::Session;
 
 use super::ctx::{Phase, Routed};
 use super::respond::{until_client_leaves, Stop};
-use super::{body_reader, headers, tenant, Gateway, RequestCtx};
+use super::{admit, body_reader, headers, tenant, Gateway, RequestCtx};
 use crate::accounting::Tracker;
 use crate::api::{Api, BodyFormat};
 use crate::body;
@@ -82,7 +82,7 @@ impl Gateway {
             raw
         };
         if warmup {
-            self.warmup_delay(session).await?;
+            admit::warmup_delay(session, self.config.warmup.delay).await?;
         }
         let request = Prepared {
             pool,
