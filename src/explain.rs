@@ -256,7 +256,11 @@ fn route(args: &Args) -> Result<Vec<String>, String> {
     let config = GatewayConfig::load(&args.config).map_err(|e| format!("{file}: {e}"))?;
     // Pingora's keys too, so that `route` accepts exactly what `-t` does.
     ServerConf::load_from_yaml(&file).map_err(|e| format!("{file}: {e}"))?;
-    let Some(index) = config.models.iter().position(|m| m.name == args.model) else {
+    // A model's name, or an alias of one, as the daemon resolves it.
+    let aliases = crate::aliases::Aliases::new(&config.models);
+    let asked = args.model.as_str();
+    let served = aliases.resolve(asked).map_or(asked, |a| a.served);
+    let Some(index) = config.models.iter().position(|m| m.name == served) else {
         let names: Vec<&str> = config.models.iter().map(|m| m.name.as_str()).collect();
         return Err(format!(
             "{file}: model {:?} is not configured; models: {names:?}",

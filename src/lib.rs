@@ -5,6 +5,7 @@
 
 pub mod accounting;
 pub mod admission;
+pub mod aliases;
 pub mod api;
 pub mod auth;
 pub mod body;

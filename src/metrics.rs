@@ -98,6 +98,16 @@ pub static TENANT_REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     )
 });
 
+/// Label values: the configured alias (a glob stays a glob) and the model
+/// it names.
+pub static ALIAS_REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter_vec(
+        "poimen_gateway_alias_requests_total",
+        "Requests that named a model by an alias, by alias and served model",
+        &["alias", "model"],
+    )
+});
+
 pub static TENANT_TOKENS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     counter_vec(
         "poimen_gateway_tenant_tokens_total",

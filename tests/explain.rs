@@ -140,6 +140,21 @@ fn a_body_is_ranked_by_its_derived_key() {
 }
 
 #[test]
+fn an_alias_is_explained_as_the_model_it_names() {
+    let aliased = yaml("").replace(
+        "    - name: other\n",
+        "    - name: other\n      aliases: [\"claude-*\"]\n",
+    );
+    let out = stdout(&route(
+        &aliased,
+        None,
+        &["--model", "claude-x", "--key", "k"],
+    ));
+    assert!(out.starts_with("model other, key \"k\""), "{out}");
+    assert!(out.contains("127.0.0.1:9"), "{out}");
+}
+
+#[test]
 fn an_unknown_model_is_refused_naming_the_configured_ones() {
     let err = refused(&route(&yaml(""), None, &["--model", "nope", "--key", "k"]));
     assert!(err.starts_with("poimen-gateway: "), "{err}");

@@ -5,6 +5,7 @@ mod support;
 mod accounting;
 mod admission;
 mod agent_apis;
+mod aliases;
 mod bad_input;
 mod bodies;
 mod config_check;

@@ -147,6 +147,8 @@ pub struct Record<'a> {
     /// Who it was for (the tenant's metric label).
     pub tenant: &'a str,
     pub model: &'a str,
+    /// The name the client asked for, when an alias of `model`.
+    pub asked_model: Option<&'a str>,
     pub backend: &'a str,
     pub route: &'a str,
     pub status: u16,
@@ -168,6 +170,7 @@ impl Record<'_> {
             completion_tokens = self.usage.completion_tokens,
             tenant = self.tenant,
             model = self.model,
+            asked_model = self.asked_model,
             backend = self.backend,
             route = self.route,
             status = self.status,

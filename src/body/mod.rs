@@ -7,12 +7,13 @@
 mod multipart;
 
 use std::borrow::Cow;
+use std::ops::Range;
 
 use serde::de::IgnoredAny;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use crate::api::Field;
+use crate::api::{BodyFormat, Field};
 
 #[derive(Debug, PartialEq, thiserror::Error)]
 pub enum BodyError {
@@ -29,7 +30,7 @@ pub enum BodyError {
 #[derive(Deserialize)]
 struct Probe<'a> {
     #[serde(borrow, default)]
-    model: Option<ModelField<'a>>,
+    model: Option<&'a RawValue>,
     #[serde(default)]
     stream: Option<IgnoredAnyOr<bool>>,
     #[serde(default)]
@@ -129,6 +130,8 @@ enum IgnoredAnyOr<T> {
 #[derive(Debug, PartialEq)]
 pub struct Inspected<'a> {
     pub model: Cow<'a, str>,
+    /// Where the body holds it: a JSON string, or a form field's bytes.
+    pub model_at: Range<usize>,
     /// `"stream": true`.
     pub stream: bool,
     /// A `stream_options` key is present (the client chose for itself).
@@ -136,13 +139,6 @@ pub struct Inspected<'a> {
     /// A string `previous_response_id` (Responses API).
     pub previous_response_id: Option<Cow<'a, str>>,
     pub prompt: Prompt<'a>,
-}
-
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum ModelField<'a> {
-    Name(#[serde(borrow)] Cow<'a, str>),
-    Other(IgnoredAny),
 }
 
 /// The top-level `"model"` (and stream flags) of a JSON request body.
@@ -160,14 +156,19 @@ pub fn inspect(body: &[u8]) -> Result<Inspected<'_>, BodyError> {
         }
     })?;
     let prompt = probe.prompt();
-    let model = match probe.model {
-        None => return Err(BodyError::NoModel),
-        Some(ModelField::Name(m)) if !m.is_empty() => m,
-        Some(_) => return Err(BodyError::BadModel),
+    let raw = probe.model.ok_or(BodyError::NoModel)?;
+    // Borrowed unless escaped.
+    let model = match serde_json::from_str::<&str>(raw.get()) {
+        Ok(m) => Cow::Borrowed(m),
+        Err(_) => Cow::Owned(serde_json::from_str(raw.get()).map_err(|_| BodyError::BadModel)?),
     };
+    if model.is_empty() {
+        return Err(BodyError::BadModel);
+    }
     Ok(Inspected {
         prompt,
         model,
+        model_at: within(body, raw.get().as_bytes()),
         stream: matches!(probe.stream, Some(IgnoredAnyOr::Value(true))),
         stream_options: probe.stream_options.is_some(),
         previous_response_id: match probe.previous_response_id {
@@ -182,13 +183,35 @@ pub fn inspect_multipart<'a>(
     content_type: &[u8],
     body: &'a [u8],
 ) -> Result<Inspected<'a>, BodyError> {
+    let model = multipart::model(content_type, body)?;
     Ok(Inspected {
-        model: multipart::model(content_type, body)?,
+        model_at: within(body, model.as_bytes()),
+        model,
         stream: false,
         stream_options: false,
         previous_response_id: None,
         prompt: Prompt::default(),
     })
+}
+
+/// Where `part`, a slice of `body`, lies in it.
+fn within(body: &[u8], part: &[u8]) -> Range<usize> {
+    let start = part.as_ptr() as usize - body.as_ptr() as usize;
+    start..start + part.len()
+}
+
+/// The body with its model (`at`, from [`Inspected::model_at`]) renamed
+/// `name`, every other byte as it was.
+pub fn with_model(body: &[u8], at: Range<usize>, name: &str, format: BodyFormat) -> Vec<u8> {
+    let name = match format {
+        BodyFormat::Json => serde_json::to_string(name).unwrap_or_default(),
+        BodyFormat::Multipart => name.to_owned(),
+    };
+    let mut out = Vec::with_capacity(body.len() - at.len() + name.len());
+    out.extend_from_slice(&body[..at.start]);
+    out.extend_from_slice(name.as_bytes());
+    out.extend_from_slice(&body[at.end..]);
+    out
 }
 
 /// The body with `"stream_options":{"include_usage":true}` added as its
@@ -229,6 +252,28 @@ mod tests {
     #[test]
     fn escaped_model_names_are_decoded() {
         assert_eq!(inspect(br#"{"model":"a\/b\u0041"}"#).unwrap().model, "a/bA");
+    }
+
+    #[test]
+    fn the_model_is_renamed_and_nothing_else_changes() {
+        let body = br#"{ "messages" : [{"model":"x"}],"model" :  "claude-\u0041" ,"n":1}"#;
+        let i = inspect(body).unwrap();
+        assert_eq!(i.model, "claude-A");
+        let renamed = with_model(body, i.model_at, "qwen \"3\"", BodyFormat::Json);
+        assert_eq!(
+            std::str::from_utf8(&renamed).unwrap(),
+            r#"{ "messages" : [{"model":"x"}],"model" :  "qwen \"3\"" ,"n":1}"#
+        );
+        assert_eq!(inspect(&renamed).unwrap().model, "qwen \"3\"");
+
+        let form =
+            b"--b\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nwhisper-1\r\n--b--\r\n";
+        let i = inspect_multipart(b"multipart/form-data; boundary=b", form).unwrap();
+        let renamed = with_model(form, i.model_at, "local-asr", BodyFormat::Multipart);
+        assert_eq!(
+            renamed,
+            b"--b\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nlocal-asr\r\n--b--\r\n"
+        );
     }
 
     #[test]

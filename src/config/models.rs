@@ -26,6 +26,9 @@ pub struct ModelFile {
     max_num_seqs: Option<u64>,
     /// Overrides `scheduler.max_queue_depth` for this model's backends.
     max_queue_depth: Option<u64>,
+    /// Other names clients may ask for this model by: exact, or globs
+    /// with `*`.
+    aliases: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone)]
@@ -36,6 +39,8 @@ pub struct ModelConfig {
     pub limits: Capacity,
     /// How this model's requests are routed.
     pub policy: Policy,
+    /// Other names that mean this model (`crate::aliases`).
+    pub aliases: Vec<String>,
     /// With `scheduler.load_feedback`: the backend's whole `max_num_seqs`
     /// (before the split between replicas, the most slots its load reports
     /// may lend this replica) and the replicas. None: off.
@@ -79,7 +84,38 @@ pub fn validate(
         }
         out.push(model);
     }
+    check_aliases(&out)?;
     Ok(out)
+}
+
+/// The longest alias: a model name is no longer in practice.
+const MAX_ALIAS_BYTES: usize = 256;
+
+/// Each alias a name, none a model's own name or another model's alias.
+fn check_aliases(models: &[ModelConfig]) -> Result<(), Invalid> {
+    let mut seen = HashSet::new();
+    for (i, m) in models.iter().enumerate() {
+        for (j, alias) in m.aliases.iter().enumerate() {
+            let path = format!("gateway.models[{i}].aliases[{j}]");
+            if alias.is_empty()
+                || alias.len() > MAX_ALIAS_BYTES
+                || alias.chars().any(|c| c.is_control() || c.is_whitespace())
+            {
+                return Err(invalid(
+                    path,
+                    alias,
+                    "must be a name (at most 256 bytes, no spaces or control characters)",
+                ));
+            }
+            if models.iter().any(|other| &other.name == alias) {
+                return Err(invalid(path, alias, "is the name of a model"));
+            }
+            if !seen.insert(alias.as_str()) {
+                return Err(invalid(path, alias, "duplicate alias"));
+            }
+        }
+    }
+    Ok(())
 }
 
 fn validate_model(
@@ -149,6 +185,7 @@ fn validate_model(
     let policy = routing.clone();
     Ok(ModelConfig {
         name: m.name,
+        aliases: m.aliases.unwrap_or_default(),
         backends,
         limits,
         policy,

@@ -17,6 +17,7 @@ fn addr(i: u16) -> SocketAddr {
 fn model(name: &str, n: u16) -> ModelConfig {
     ModelConfig {
         name: name.into(),
+        aliases: Vec::new(),
         backends: (0..n)
             .map(|i| BackendConfig {
                 target: Target::Addr(addr(i)),

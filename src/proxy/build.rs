@@ -11,6 +11,7 @@ use pingora::connectors::ConnectorOptions;
 use pingora::lb::HealthCheckService;
 
 use super::{stored, Gateway};
+use crate::aliases::Aliases;
 use crate::auth::jwt::Verifier;
 use crate::auth::Reason;
 use crate::config::{GatewayConfig, JwksSource};
@@ -81,10 +82,12 @@ impl Gateway {
         let tenants = Tenants::new(listed, t.defaults, t.max_tracked, config.replicas)
             .expect("the configuration refuses a tenant named `other`");
         let traces = config.tracing.clone().map(Traces::new);
+        let aliases = Aliases::new(&config.models);
         let gateway = Gateway {
             traces,
             config: Arc::new(config),
             pools,
+            aliases,
             jwt,
             owners,
             lookup,

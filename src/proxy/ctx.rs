@@ -30,6 +30,8 @@ pub struct RequestCtx {
     pub(super) error: Option<ApiError>,
     /// Its span, when tracing is on and it is an API request.
     pub(super) trace: Option<RequestSpan>,
+    /// The name the client asked for, when an alias of the served model.
+    pub(super) asked_model: Option<String>,
 }
 
 /// How far a request got.

@@ -56,6 +56,7 @@ use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::ErrorType;
 
 use crate::admission::load_report;
+use crate::aliases::Aliases;
 use crate::auth::{self, jwt::Verifier, Reason};
 use crate::config::GatewayConfig;
 use crate::errors::{self, ApiError, Shape};
@@ -77,6 +78,8 @@ const REFUSED_BODY_DRAIN: Duration = Duration::from_secs(5);
 pub struct Gateway {
     config: Arc<GatewayConfig>,
     pools: HashMap<String, Arc<ModelPool>>,
+    /// Other names clients ask for the models by.
+    aliases: Aliases,
     /// JWT verification, when `auth.jwt` is configured.
     jwt: Option<Verifier>,
     /// Which backend stored each Responses API response, for every model.
@@ -125,6 +128,7 @@ impl ProxyHttp for Gateway {
             first_byte: None,
             error: None,
             trace: None,
+            asked_model: None,
         }
     }
 

@@ -50,11 +50,7 @@ impl Gateway {
             }
         }
         .map_err(|e| ApiError::BadRequest(e.to_string()))?;
-        let pool = self
-            .pools
-            .get(facts.model.as_ref())
-            .ok_or_else(|| ApiError::UnknownModel(facts.model.to_string()))?
-            .clone();
+        let (pool, renamed) = self.pool_for(ctx, &facts.model)?;
         // A turn that continues a stored response goes where it is stored.
         let continues = (described.continues_stored)
             .then(|| {
@@ -76,6 +72,11 @@ impl Gateway {
             && facts.stream
             && !facts.stream_options;
         let tracker = described.dialect.map(|d| Tracker::new(d, add_usage));
+        // The served name in place of an alias, then the usage asked for.
+        let raw: Bytes = match renamed {
+            true => body::with_model(&raw, facts.model_at, &pool.name, described.body).into(),
+            false => raw,
+        };
         let body: Bytes = if add_usage {
             body::with_stream_usage(&raw).into()
         } else {
@@ -92,6 +93,25 @@ impl Gateway {
             held,
         };
         self.enter(session, ctx, request, tenant).await
+    }
+
+    /// The pool of the model a request names, by its name or an alias (then
+    /// also whether its body must be renamed).
+    fn pool_for(
+        &self,
+        ctx: &mut RequestCtx,
+        asked: &str,
+    ) -> Result<(Arc<ModelPool>, bool), ApiError> {
+        if let Some(pool) = self.pools.get(asked) {
+            return Ok((pool.clone(), false));
+        }
+        let alias = (self.aliases.resolve(asked))
+            .ok_or_else(|| ApiError::UnknownModel(asked.to_string()))?;
+        crate::metrics::ALIAS_REQUESTS
+            .with_label_values(&[alias.pattern, alias.served])
+            .inc();
+        ctx.asked_model = Some(asked.to_string());
+        Ok((self.pools[alias.served].clone(), true))
     }
 
     /// The request is for `pool`: counted under its model from now on, and

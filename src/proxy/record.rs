@@ -97,6 +97,7 @@ pub(super) fn record(session: &Session, ctx: &RequestCtx) {
         expected_cached_tokens: attempt.expected_tokens,
         tenant,
         model,
+        asked_model: ctx.asked_model.as_deref(),
         backend,
         route,
         status,

@@ -75,6 +75,7 @@ pub(super) fn finish(session: &Session, ctx: &mut RequestCtx, e: Option<&Error>)
         status: session.response_written().map_or(0, |r| r.status.as_u16()),
         api: Api::of_post(path).filter(|_| req.method == http::Method::POST),
         model,
+        asked_model: ctx.asked_model.as_deref(),
         tenant: ctx.tenant.as_ref().map(|t| t.shared_label().into()),
         backend: series.map(|s| s.label.as_str()),
         routed_by: attempt.map(|a| a.candidate.route.as_str()),

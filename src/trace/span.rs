@@ -25,6 +25,7 @@ mod semconv {
     pub const GEN_AI_OPERATION_NAME: &str = "gen_ai.operation.name";
     pub const GEN_AI_PROVIDER_NAME: &str = "gen_ai.provider.name";
     pub const GEN_AI_REQUEST_MODEL: &str = "gen_ai.request.model";
+    pub const GEN_AI_RESPONSE_MODEL: &str = "gen_ai.response.model";
     pub const GEN_AI_RESPONSE_ID: &str = "gen_ai.response.id";
     /// Every prompt token, those read from the cache included.
     pub const GEN_AI_USAGE_INPUT_TOKENS: &str = "gen_ai.usage.input_tokens";
@@ -70,6 +71,8 @@ pub struct Outcome<'a> {
     pub status: u16,
     pub api: Option<Api>,
     pub model: Option<&'a str>,
+    /// The name the client asked for, when an alias of `model`.
+    pub asked_model: Option<&'a str>,
     pub tenant: Option<StringValue>,
     /// Where it went: the backend's label and the route's name.
     pub backend: Option<&'a str>,
@@ -163,7 +166,7 @@ impl RequestSpan {
         }
         let described = o.api.map(Api::describe);
         let operation = described.and_then(|d| d.operation);
-        let name = match (operation, o.model) {
+        let name = match (operation, o.asked_model.or(o.model)) {
             (Some(op), Some(model)) => format!("{op} {model}"),
             _ => format!("{} {}", self.method, o.route),
         };
@@ -205,7 +208,9 @@ impl RequestSpan {
         let u = o.usage;
         a.extend(
             [
-                text(semconv::GEN_AI_REQUEST_MODEL, o.model),
+                // An alias is what was asked for; the served model answered.
+                text(semconv::GEN_AI_REQUEST_MODEL, o.asked_model.or(o.model)),
+                text(semconv::GEN_AI_RESPONSE_MODEL, o.asked_model.and(o.model)),
                 text(semconv::GEN_AI_RESPONSE_ID, o.response_id),
                 o.tenant.map(|t| KeyValue::new(TENANT, t)),
                 text(BACKEND, o.backend),

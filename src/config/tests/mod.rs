@@ -186,6 +186,18 @@ fn errors_name_the_field_and_value() {
             "gateway.models[1].name = \"m\": duplicate model name",
         ),
         (
+            "gateway:\n  models: [{name: m, address: \"127.0.0.1:1\"}, {name: n, address: \"127.0.0.1:2\", aliases: [\"claude-*\", m]}]\n",
+            "gateway.models[1].aliases[1] = \"m\": is the name of a model",
+        ),
+        (
+            "gateway:\n  models: [{name: m, address: \"127.0.0.1:1\", aliases: [gpt-5]}, {name: n, address: \"127.0.0.1:2\", aliases: [gpt-5]}]\n",
+            "gateway.models[1].aliases[0] = \"gpt-5\": duplicate alias",
+        ),
+        (
+            "gateway:\n  models: [{name: m, address: \"127.0.0.1:1\", aliases: [\"a b\"]}]\n",
+            "gateway.models[0].aliases[0] = \"a b\": must be a name (at most 256 bytes, no spaces or control characters)",
+        ),
+        (
             "gateway:\n  models: [{name: m, addresses: [\"127.0.0.1:1\", \"127.0.0.1:1\"]}]\n",
             "gateway.models[0].addresses[1] = \"127.0.0.1:1\": duplicate address in this model",
         ),
