@@ -1,7 +1,8 @@
 //! HTTP routing and the small endpoints (health, models, metrics, sim
 //! controls). The generation endpoints live in `completions` (chat,
 //! completions), `responses` and `messages`; `/tokenize` in
-//! `tokenizer_routes`; what they all share in `common`.
+//! `tokenizer_routes`; the LoRA adapter routes in `lora_routes`; what they
+//! all share in `common`.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -11,12 +12,12 @@ use http::header::{HeaderValue, CONTENT_TYPE};
 use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 
-use crate::app::App;
+use crate::app::{unix_now, App};
 use crate::common::{empty, fault_gate, full, json, read_body, ApiError, Body};
 use crate::completions::{self, Kind};
 use crate::faults::FaultRequest;
 use crate::shapes::{ModelCard, ModelList};
-use crate::{messages, responses, tokenizer_routes};
+use crate::{lora_routes, messages, responses, tokenizer_routes};
 
 /// Entry point for every request; never fails at the HTTP level.
 pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
@@ -41,6 +42,13 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Bo
         (&Method::POST, "/v1/messages/count_tokens") => messages::count_tokens(&app, req).await,
         (&Method::POST, "/tokenize") => tokenizer_routes::tokenize(&app, req).await,
         (&Method::POST, "/detokenize") => tokenizer_routes::detokenize(&app, req).await,
+        // Without runtime updating vLLM registers no such route: 404 below.
+        (&Method::POST, LOAD_LORA) if app.adapters.runtime_updating() => {
+            lora_routes::load(&app, req).await
+        }
+        (&Method::POST, UNLOAD_LORA) if app.adapters.runtime_updating() => {
+            lora_routes::unload(&app, req).await
+        }
         (m, p) if p.starts_with(RESPONSES) => response_by_id(&app, m, &p[RESPONSES.len()..]).await,
         (&Method::GET, "/metrics") => text(app.metrics.prometheus(&app.model, app.gauges())),
         (&Method::GET, "/sim/stats") => {
@@ -52,6 +60,7 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Bo
         | (_, "/v1/responses" | "/v1/messages" | "/v1/messages/count_tokens")
         | (_, "/tokenize" | "/detokenize")
         | (_, "/sim/stats" | "/sim/fault") => method_not_allowed(),
+        (_, LOAD_LORA | UNLOAD_LORA) if app.adapters.runtime_updating() => method_not_allowed(),
         _ => not_found(),
     };
     if wants_load && !path.starts_with("/sim/") && path != "/metrics" {
@@ -61,6 +70,8 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Bo
 }
 
 const RESPONSES: &str = "/v1/responses/";
+const LOAD_LORA: &str = "/v1/load_lora_adapter";
+const UNLOAD_LORA: &str = "/v1/unload_lora_adapter";
 
 /// `/v1/responses/{id}` (GET) and `/v1/responses/{id}/cancel` (POST); what
 /// else FastAPI would answer for paths under `/v1/responses/`.
@@ -99,20 +110,34 @@ fn add_load_header(app: &App, resp: &mut Response<Body>) {
     }
 }
 
+/// The base model, then each loaded adapter (vLLM's
+/// `show_available_models`).
 fn models(app: &App) -> Response<Body> {
+    let now = unix_now();
+    let adapters = app.adapters.list();
+    let base = ModelCard::new(
+        &app.model,
+        &app.model,
+        None,
+        Some(app.max_model_len),
+        now,
+        app.random_hex(),
+    );
+    let cards = adapters.iter().map(|a| {
+        ModelCard::new(
+            &a.name,
+            &a.path,
+            Some(&app.model),
+            None,
+            now,
+            app.random_hex(),
+        )
+    });
     json(
         StatusCode::OK,
         &ModelList {
             object: "list",
-            data: [ModelCard {
-                id: &app.model,
-                object: "model",
-                created: app.started,
-                owned_by: "vllm",
-                root: &app.model,
-                parent: None,
-                max_model_len: app.max_model_len,
-            }],
+            data: std::iter::once(base).chain(cards).collect(),
         },
     )
 }

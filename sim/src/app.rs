@@ -1,4 +1,5 @@
-//! Shared server state: configuration, cache, scheduler, faults, metrics.
+//! Shared server state: configuration, cache, scheduler, faults, metrics,
+//! LoRA adapters.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -10,6 +11,7 @@ use crate::batch::Scheduler;
 use crate::cache::PrefixCache;
 use crate::config::Args;
 use crate::faults::Faults;
+use crate::lora::{Adapters, Served};
 use crate::metrics::{Gauges, Metrics};
 use crate::responses_store::ResponseStore;
 use crate::timing::TimingModel;
@@ -28,14 +30,13 @@ pub struct App {
     pub sched: Arc<Scheduler>,
     pub faults: Arc<Faults>,
     pub metrics: Metrics,
+    pub adapters: Adapters,
     /// KV tokens reserved by running requests, for `kv_cache_usage_perc`.
     pub kv_tokens_in_use: AtomicUsize,
     /// Whether `/v1/responses` stores responses (vLLM's
     /// VLLM_ENABLE_RESPONSES_API_STORE).
     pub responses_store_enabled: bool,
     pub responses: Mutex<ResponseStore>,
-    /// Server start time, shown as the model's `created`.
-    pub started: u64,
     next_id: AtomicU64,
     /// Seed of `random_hex`, different in every process.
     id_seed: u64,
@@ -56,19 +57,26 @@ impl App {
                 prefill_us_per_token: a.prefill_us_per_token,
                 decode_us_per_token: a.decode_us_per_token,
                 step_us_per_running_seq: a.step_us_per_running_seq,
+                lora_load_us: a.lora_load_us,
                 time_scale: a.time_scale,
             },
             cache: Mutex::new(PrefixCache::new(a.kv_cache_tokens / block_size)),
             sched: Scheduler::new(a.max_num_seqs as usize),
             faults: Faults::new(a.fault, a.slow_factor),
             metrics: Metrics::default(),
+            adapters: Adapters::new(&a.model, &a.lora_modules, a.allow_runtime_lora_updating)
+                .expect("start-up adapters checked by Args::validate"),
             kv_tokens_in_use: AtomicUsize::new(0),
             responses_store_enabled: !a.disable_responses_store,
             responses: Mutex::new(ResponseStore::new(a.responses_store_bytes)),
-            started: unix_now(),
             next_id: AtomicU64::new(1),
             id_seed: process_seed(),
         })
+    }
+
+    /// The base model, what a request without a `model` runs on.
+    pub fn base(&self) -> Served {
+        Served::base(&self.model)
     }
 
     /// Next request number, for ids like `chatcmpl-<n>`.

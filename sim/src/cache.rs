@@ -3,7 +3,8 @@
 //! Like vLLM's automatic prefix caching, only an identical prefix is reused:
 //! a lookup walks the request's block hashes from the first one and stops at
 //! the first miss. Because hashes are chained (see `tokenize`), the same
-//! block content at another position is a different hash and never a hit.
+//! block content at another position is a different hash and never a hit,
+//! and so is the same prompt for another adapter (another chain seed).
 //!
 //! Eviction is least-recently-used over blocks. When a chain of blocks is
 //! touched (hit or inserted) the later blocks are given the older stamps, so
@@ -90,7 +91,7 @@ mod tests {
 
     /// Cached tokens a request gets: hit blocks times block size.
     fn cached_tokens(c: &mut PrefixCache, text: &str) -> usize {
-        c.lookup(&block_hashes(text, BS)) * BS
+        c.lookup(&block_hashes(0, text, BS)) * BS
     }
 
     #[test]
@@ -98,7 +99,7 @@ mod tests {
         let mut c = PrefixCache::new(100);
         let a = format!("{}{}", prompt('a', 32), prompt('b', 32));
         assert_eq!(cached_tokens(&mut c, &a), 0);
-        c.insert(&block_hashes(&a, BS));
+        c.insert(&block_hashes(0, &a, BS));
         assert_eq!(cached_tokens(&mut c, &a), 64);
         // Same first 32 tokens, different rest: only the shared prefix hits.
         let b = format!("{}{}", prompt('a', 32), prompt('c', 32));
@@ -109,7 +110,7 @@ mod tests {
     fn differing_first_block_gives_zero() {
         let mut c = PrefixCache::new(100);
         let a = format!("{}{}", prompt('a', 16), prompt('b', 48));
-        c.insert(&block_hashes(&a, BS));
+        c.insert(&block_hashes(0, &a, BS));
         // Only the first block differs; everything after it is identical.
         let b = format!("{}{}", prompt('z', 16), prompt('b', 48));
         assert_eq!(cached_tokens(&mut c, &b), 0);
@@ -119,7 +120,7 @@ mod tests {
     fn only_full_blocks_are_cached() {
         let mut c = PrefixCache::new(100);
         let a = prompt('a', 40);
-        c.insert(&block_hashes(&a, BS));
+        c.insert(&block_hashes(0, &a, BS));
         assert_eq!(c.len(), 2);
         assert_eq!(cached_tokens(&mut c, &a), 32);
     }
@@ -129,6 +130,7 @@ mod tests {
         let mut c = PrefixCache::new(100);
         // Block 1 of this prompt is 16 tokens of 'b'.
         c.insert(&block_hashes(
+            0,
             &format!("{}{}", prompt('a', 16), prompt('b', 16)),
             BS,
         ));
@@ -142,12 +144,12 @@ mod tests {
         let a = prompt('a', 32);
         let b = prompt('b', 32);
         let d = prompt('d', 32);
-        c.insert(&block_hashes(&a, BS));
-        c.insert(&block_hashes(&b, BS));
+        c.insert(&block_hashes(0, &a, BS));
+        c.insert(&block_hashes(0, &b, BS));
         assert_eq!(c.len(), 4);
         // A hit on `a` makes `b` the least recently used...
         assert_eq!(cached_tokens(&mut c, &a), 32);
-        c.insert(&block_hashes(&d, BS));
+        c.insert(&block_hashes(0, &d, BS));
         assert_eq!(c.len(), 4);
         // ...so `b` is the one evicted.
         assert_eq!(cached_tokens(&mut c, &b), 0);
@@ -159,9 +161,10 @@ mod tests {
     fn a_chain_loses_its_tail_first() {
         let mut c = PrefixCache::new(3);
         let a = prompt('a', 48); // 3 blocks
-        c.insert(&block_hashes(&a, BS));
-        c.insert(&block_hashes(&prompt('x', 16), BS)); // 1 block forces one eviction
-                                                       // The head of `a` survives, so a 2-block prefix still hits.
+        c.insert(&block_hashes(0, &a, BS));
+        // 1 block forces one eviction.
+        c.insert(&block_hashes(0, &prompt('x', 16), BS));
+        // The head of `a` survives, so a 2-block prefix still hits.
         assert_eq!(cached_tokens(&mut c, &a), 32);
     }
 }

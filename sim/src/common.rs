@@ -89,6 +89,18 @@ impl ApiError {
         }
     }
 
+    /// A pydantic validation error as vLLM answers it (before any handler
+    /// runs): 400, type "Bad Request", `param` the field's location. The
+    /// message is pydantic's, simplified to the location and the reason.
+    pub fn validation(param: &'static str, what: &str) -> Self {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            kind: "Bad Request",
+            param: Some(param),
+            message: format!("1 validation error:\n  {param}: {what}"),
+        }
+    }
+
     /// OpenAI-shaped: `{"error":{"message","type","param","code"}}`.
     pub fn into_response(self) -> Response<Body> {
         json(

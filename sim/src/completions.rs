@@ -19,6 +19,7 @@ use crate::app::{unix_now, App};
 use crate::common::{self, ApiError, Body};
 use crate::conversation::chat_prompt;
 use crate::engine::{self, Job};
+use crate::lora::Served;
 use crate::shapes::{self, ChatChunkChoice, Chunk, Delta, Meta, TextChoice};
 use crate::sse::{self, Closed, SseSender};
 use crate::tokenize::{completion_prompt, count_tokens};
@@ -40,6 +41,7 @@ pub enum Kind {
 /// What the simulator needs from a validated request.
 #[derive(Debug)]
 struct Parsed {
+    served: Served,
     prompt: String,
     output_tokens: usize,
     stream: bool,
@@ -47,7 +49,11 @@ struct Parsed {
 }
 
 pub async fn handle(app: &Arc<App>, kind: Kind, req: Request<Incoming>) -> Response<Body> {
-    let p = match begin(app, req).await.and_then(|b| parse(app, kind, &b)) {
+    let parsed = match begin(app, req).await {
+        Ok(b) => parse(app, kind, &b).await,
+        Err(e) => Err(e),
+    };
+    let p = match parsed {
         Ok(p) => p,
         Err(e) => return e.into_response(),
     };
@@ -57,10 +63,10 @@ pub async fn handle(app: &Arc<App>, kind: Kind, req: Request<Incoming>) -> Respo
             Kind::Text => format!("cmpl-{}", app.next_id()),
         },
         created: unix_now(),
-        model: app.model.clone(),
+        model: p.served.name.clone(),
     };
     // Waiting here (queued) ends if the client disconnects: hyper drops us.
-    let job = engine::admit(app, &p.prompt, p.output_tokens).await;
+    let job = engine::admit(app, &p.served, &p.prompt, p.output_tokens).await;
     let cached = job.cached_tokens;
     let mut resp = if p.stream {
         let (tx, body) = sse::channel();
@@ -196,10 +202,10 @@ async fn produce(
 
 /// Validates the body the way vLLM would, returning an error response
 /// (400 / 404) on the first problem.
-fn parse(app: &App, kind: Kind, body: &[u8]) -> Result<Parsed, ApiError> {
+async fn parse(app: &App, kind: Kind, body: &[u8]) -> Result<Parsed, ApiError> {
     let bad = ApiError::bad_request;
     let v = json_object(body)?;
-    check_model(app, &v)?;
+    let served = check_model(app, &v).await?;
     let prompt = match kind {
         Kind::Chat => chat_prompt(&v),
         Kind::Text => completion_prompt(&v),
@@ -215,6 +221,7 @@ fn parse(app: &App, kind: Kind, body: &[u8]) -> Result<Parsed, ApiError> {
             "include_usage",
         )?;
     Ok(Parsed {
+        served,
         prompt,
         output_tokens,
         stream,
@@ -235,26 +242,28 @@ pub fn json_object(body: &[u8]) -> Result<Value, ApiError> {
 }
 
 /// vLLM's model check (`_check_model`): a missing, null or empty `model`
-/// means the served one; any other name is 404.
-pub fn check_model(app: &App, v: &Value) -> Result<(), ApiError> {
-    match v.get("model") {
-        None | Some(Value::Null) => Ok(()),
-        Some(Value::String(m)) if m.is_empty() || *m == app.model => Ok(()),
-        Some(other) => {
-            let name = other
-                .as_str()
-                .map_or_else(|| other.to_string(), str::to_owned);
-            Err(ApiError {
-                status: StatusCode::NOT_FOUND,
-                kind: "NotFoundError",
-                param: Some("model"),
-                message: format!(
-                    "The model `{name}` does not exist. Valid aliases: {}.",
-                    app.model
-                ),
-            })
-        }
-    }
+/// means the base model, a loaded adapter's name that adapter (waiting for
+/// its load if one is under way, see `lora::Adapters::find`); any other
+/// name is 404, whose message lists the base model only, as vLLM's does.
+pub async fn check_model(app: &App, v: &Value) -> Result<Served, ApiError> {
+    let name = match v.get("model") {
+        None | Some(Value::Null) => return Ok(app.base()),
+        Some(Value::String(m)) if m.is_empty() || *m == app.model => return Ok(app.base()),
+        Some(Value::String(m)) => match app.adapters.find(m).await {
+            Some(adapter) => return Ok(adapter),
+            None => m.clone(),
+        },
+        Some(other) => other.to_string(),
+    };
+    Err(ApiError {
+        status: StatusCode::NOT_FOUND,
+        kind: "NotFoundError",
+        param: Some("model"),
+        message: format!(
+            "The model `{name}` does not exist. Valid aliases: {}.",
+            app.model
+        ),
+    })
 }
 
 /// A boolean field of `v` (absent or null is false).
@@ -312,26 +321,31 @@ mod tests {
         App::new(&Args::parse_from(["vllm-sim", "--max-model-len", "100"]))
     }
 
-    fn parse_err(app: &App, body: &str) -> StatusCode {
-        parse(app, Kind::Chat, body.as_bytes()).unwrap_err().status
+    async fn parse_err(app: &App, body: &str) -> StatusCode {
+        parse(app, Kind::Chat, body.as_bytes())
+            .await
+            .unwrap_err()
+            .status
     }
 
-    #[test]
-    fn rejects_bad_json_and_unknown_model() {
+    #[tokio::test]
+    async fn rejects_bad_json_and_unknown_model() {
         let a = app();
-        assert_eq!(parse_err(&a, "{not json"), StatusCode::BAD_REQUEST);
+        assert_eq!(parse_err(&a, "{not json").await, StatusCode::BAD_REQUEST);
         assert_eq!(
             parse_err(
                 &a,
                 r#"{"model":"other","messages":[{"role":"user","content":"x"}]}"#
-            ),
+            )
+            .await,
             StatusCode::NOT_FOUND
         );
         assert_eq!(
             parse_err(
                 &a,
                 r#"{"messages":[{"role":"user","content":"x"}],"max_tokens":0}"#
-            ),
+            )
+            .await,
             StatusCode::BAD_REQUEST
         );
         // 100-token context: 2 prompt tokens + 99 output tokens is too long.
@@ -339,24 +353,60 @@ mod tests {
             parse_err(
                 &a,
                 r#"{"messages":[{"role":"user","content":"x"}],"max_tokens":99}"#
-            ),
+            )
+            .await,
             StatusCode::BAD_REQUEST
         );
     }
 
-    #[test]
-    fn budget_prefers_max_completion_tokens_and_caps() {
+    #[tokio::test]
+    async fn budget_prefers_max_completion_tokens_and_caps() {
         let a = app();
-        let p = parse(&a, Kind::Chat, br#"{"model":"sim-model","messages":[{"role":"user","content":"x"}],"max_tokens":5,"max_completion_tokens":3,"stream":true,"stream_options":{"include_usage":true}}"#).unwrap();
+        let p = parse(&a, Kind::Chat, br#"{"model":"sim-model","messages":[{"role":"user","content":"x"}],"max_tokens":5,"max_completion_tokens":3,"stream":true,"stream_options":{"include_usage":true}}"#).await.unwrap();
         assert_eq!(
             (p.output_tokens, p.stream, p.include_usage),
             (3, true, true)
         );
         assert_eq!(p.prompt, "user\nx\n");
-        let p = parse(&a, Kind::Text, br#"{"prompt":"x","max_tokens":null}"#).unwrap();
+        let p = parse(&a, Kind::Text, br#"{"prompt":"x","max_tokens":null}"#)
+            .await
+            .unwrap();
         assert_eq!(p.output_tokens, 16);
         let a = App::new(&Args::parse_from(["vllm-sim", "--max-output-tokens", "4"]));
-        let p = parse(&a, Kind::Text, br#"{"prompt":"x","max_tokens":50}"#).unwrap();
+        let p = parse(&a, Kind::Text, br#"{"prompt":"x","max_tokens":50}"#)
+            .await
+            .unwrap();
         assert_eq!(p.output_tokens, 4);
+    }
+
+    #[tokio::test]
+    async fn an_adapter_is_served_under_its_own_name() {
+        let a = App::new(&Args::parse_from([
+            "vllm-sim",
+            "--lora-modules",
+            "ad=/p/ad",
+        ]));
+        let p = parse(&a, Kind::Text, br#"{"model":"ad","prompt":"x"}"#)
+            .await
+            .unwrap();
+        assert_eq!(p.served.name, "ad");
+        assert_ne!(p.served, a.base());
+        let p = parse(&a, Kind::Text, br#"{"model":"","prompt":"x"}"#)
+            .await
+            .unwrap();
+        assert_eq!(p.served, a.base());
+        let e = parse(&a, Kind::Text, br#"{"model":"ad2","prompt":"x"}"#)
+            .await
+            .unwrap_err();
+        // The aliases named are the base model's only, as in vLLM.
+        assert_eq!(
+            (e.status, e.kind, e.param, e.message.as_str()),
+            (
+                StatusCode::NOT_FOUND,
+                "NotFoundError",
+                Some("model"),
+                "The model `ad2` does not exist. Valid aliases: sim-model."
+            )
+        );
     }
 }

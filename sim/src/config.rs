@@ -6,6 +6,12 @@ use std::net::SocketAddr;
 use clap::{Parser, ValueEnum};
 use serde::Deserialize;
 
+use crate::lora::{self, LoraModule};
+
+/// vLLM's switch for the adapter load/unload routes, also read by the
+/// simulator (`--allow-runtime-lora-updating` is the same switch).
+pub const RUNTIME_LORA_ENV: &str = "VLLM_ALLOW_RUNTIME_LORA_UPDATING";
+
 /// A simulated vLLM 0.32 OpenAI-compatible server for routing and caching
 /// tests. Delays are in microseconds and all multiplied by `--time-scale`.
 #[derive(Parser, Debug, Clone)]
@@ -79,6 +85,23 @@ pub struct Args {
     #[arg(long)]
     pub disable_responses_store: bool,
 
+    /// LoRA adapters served from the start, as vLLM's flag takes them:
+    /// `name=path`, or JSON `{"name": .., "path": .., "base_model_name": ..}`;
+    /// several values. A request naming one is served like the base model,
+    /// answering with the adapter's name.
+    #[arg(long, num_args = 1.., value_name = "SPEC", value_parser = lora::parse_module)]
+    pub lora_modules: Vec<LoraModule>,
+
+    /// Serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (else
+    /// 404), as vLLM does with VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 or true,
+    /// which turns this on too.
+    #[arg(long)]
+    pub allow_runtime_lora_updating: bool,
+
+    /// How long an adapter load takes, in microseconds.
+    #[arg(long, default_value_t = 50_000)]
+    pub lora_load_us: u64,
+
     /// Fault mode at start (also switchable with POST /sim/fault).
     #[arg(long, value_enum, default_value_t = FaultMode::None)]
     pub fault: FaultMode,
@@ -132,8 +155,22 @@ impl Args {
         if self.kv_cache_tokens < self.block_size as usize {
             return Err("--kv-cache-tokens must hold at least one block".into());
         }
-        Ok(())
+        // vLLM refuses to start when a start-up adapter would not load.
+        lora::Adapters::new(&self.model, &self.lora_modules, false).map(drop)
     }
+
+    /// Turns runtime adapter updating on when the environment asks for it.
+    pub fn with_env(mut self) -> Self {
+        let var = std::env::var(RUNTIME_LORA_ENV).ok();
+        self.allow_runtime_lora_updating |= env_is_true(var.as_deref());
+        self
+    }
+}
+
+/// vLLM's reading of VLLM_ALLOW_RUNTIME_LORA_UPDATING (`envs.py`): "1" or
+/// "true", any case, surrounding spaces ignored.
+fn env_is_true(value: Option<&str>) -> bool {
+    value.is_some_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true"))
 }
 
 #[cfg(test)]
@@ -157,6 +194,9 @@ mod tests {
         assert!(!a.cached_tokens_header);
         assert_eq!(a.responses_store_bytes, 256 << 20);
         assert!(!a.disable_responses_store);
+        assert!(a.lora_modules.is_empty());
+        assert!(!a.allow_runtime_lora_updating);
+        assert_eq!(a.lora_load_us, 50_000);
         assert!(a.validate().is_ok());
     }
 
@@ -173,5 +213,34 @@ mod tests {
     fn negative_time_scale_is_rejected() {
         let a = Args::parse_from(["vllm-sim", "--time-scale=-1"]);
         assert!(a.validate().is_err());
+    }
+
+    #[test]
+    fn lora_modules_take_several_values_in_both_forms() {
+        let a = Args::parse_from([
+            "vllm-sim",
+            "--lora-modules",
+            "a=/p/a",
+            r#"{"name":"b","path":"/p/b"}"#,
+            "--lora-modules",
+            "c=/p/c",
+        ]);
+        let names: Vec<&str> = a.lora_modules.iter().map(|m| m.name.as_str()).collect();
+        assert_eq!(names, ["a", "b", "c"]);
+        assert!(a.validate().is_ok());
+        let clash = Args::parse_from(["vllm-sim", "--lora-modules", "sim-model=/p"]);
+        assert!(clash.validate().is_err());
+        assert!(Args::try_parse_from(["vllm-sim", "--lora-modules", "{bad"]).is_err());
+    }
+
+    #[test]
+    fn runtime_lora_env_is_read_as_vllm_reads_it() {
+        for on in ["1", "true", " TRUE "] {
+            assert!(env_is_true(Some(on)), "{on}");
+        }
+        for off in ["0", "yes", "false", ""] {
+            assert!(!env_is_true(Some(off)), "{off}");
+        }
+        assert!(!env_is_true(None));
     }
 }

@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use crate::app::App;
 use crate::batch::RunningGuard;
+use crate::lora::Served;
 use crate::shapes::Usage;
 use crate::timing::pause;
 use crate::tokenize::{block_hashes, count_tokens};
@@ -27,10 +28,11 @@ pub struct Job {
     _slot: RunningGuard,
 }
 
-/// Waits (FIFO) for a running slot, then queries the prefix cache.
-pub async fn admit(app: &Arc<App>, prompt: &str, output_tokens: usize) -> Job {
+/// Waits (FIFO) for a running slot, then queries the prefix cache for
+/// `served`'s blocks of the prompt.
+pub async fn admit(app: &Arc<App>, served: &Served, prompt: &str, output_tokens: usize) -> Job {
     let prompt_tokens = count_tokens(prompt);
-    let hashes = block_hashes(prompt, app.block_size);
+    let hashes = block_hashes(served.kv_namespace, prompt, app.block_size);
     let slot = app.sched.admit().await;
     let hit_blocks = app.cache.lock().expect("cache lock").lookup(&hashes);
     let cached_tokens = hit_blocks * app.block_size;
@@ -138,18 +140,51 @@ mod tests {
     async fn second_identical_request_hits_after_prefill() {
         let app = App::new(&Args::parse_from(["vllm-sim", "--time-scale", "0"]));
         let prompt = "p".repeat(40 * 4); // 40 tokens -> 2 full blocks
-        let a = admit(&app, &prompt, 3).await;
+        let a = admit(&app, &app.base(), &prompt, 3).await;
         assert_eq!((a.prompt_tokens, a.cached_tokens), (40, 0));
         assert!(app.kv_cache_usage() > 0.0);
         a.prefill().await;
         assert_eq!(a.created_tokens(), 32);
         a.succeed();
         assert_eq!(app.kv_cache_usage(), 0.0);
-        let b = admit(&app, &prompt, 3).await;
+        let b = admit(&app, &app.base(), &prompt, 3).await;
         assert_eq!(b.cached_tokens, 32);
         assert_eq!(b.created_tokens(), 0);
         assert_eq!(b.usage(), Usage::new(40, 3, 32));
         assert_eq!(app.metrics.cached_tokens.load(Ordering::Relaxed), 32);
         assert_eq!(app.metrics.prompt_tokens.load(Ordering::Relaxed), 80);
+    }
+
+    #[tokio::test]
+    async fn blocks_of_one_adapter_never_hit_for_another() {
+        let app = App::new(&Args::parse_from([
+            "vllm-sim",
+            "--time-scale",
+            "0",
+            "--lora-modules",
+            "a=/p/a",
+            "b=/p/b",
+        ]));
+        let (a, b) = (
+            app.adapters.find("a").await.unwrap(),
+            app.adapters.find("b").await.unwrap(),
+        );
+        let prompt = "p".repeat(32 * 4); // 2 full blocks
+        let cached = |served: Served| {
+            let app = Arc::clone(&app);
+            let prompt = prompt.clone();
+            async move {
+                let job = admit(&app, &served, &prompt, 1).await;
+                job.prefill().await;
+                job.cached_tokens
+            }
+        };
+        assert_eq!(cached(a.clone()).await, 0);
+        assert_eq!(cached(a.clone()).await, 32);
+        assert_eq!(cached(b.clone()).await, 0);
+        assert_eq!(cached(app.base()).await, 0);
+        // Each now has its own copy of the prompt's blocks.
+        assert_eq!((cached(b).await, cached(app.base()).await), (32, 32));
+        assert_eq!(app.cache.lock().unwrap().len(), 6);
     }
 }

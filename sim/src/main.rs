@@ -12,6 +12,8 @@ mod config;
 mod conversation;
 mod engine;
 mod faults;
+mod lora;
+mod lora_routes;
 mod messages;
 mod messages_shapes;
 mod metrics;
@@ -41,7 +43,7 @@ async fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
         .target(env_logger::Target::Stderr)
         .init();
-    let args = Args::parse();
+    let args = Args::parse().with_env();
     if let Err(e) = args.validate() {
         eprintln!("vllm-sim: {e}");
         return ExitCode::from(2);

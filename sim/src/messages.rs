@@ -27,6 +27,7 @@ use crate::common::{self, ApiError, Body};
 use crate::completions::{self, add_cached_header, output_text, TOKEN_TEXT};
 use crate::conversation::{render, Turn};
 use crate::engine::{self, Job};
+use crate::lora::Served;
 use crate::messages_shapes::{
     ContextManagement, CountTokens, Delta, ErrorBody, Event, Message, StartMessage, TextBlock,
     Usage,
@@ -51,16 +52,16 @@ pub async fn create(app: &Arc<App>, req: Request<Incoming>) -> Response<Body> {
         Ok(v) => v,
         Err(e) => return e.into_response(),
     };
-    let (prompt, output_tokens) = match prepare(app, &v) {
+    let (served, prompt, output_tokens) = match prepare(app, &v).await {
         Ok(p) => p,
         Err(e) => return anthropic(e),
     };
     let stream = v.get("stream").and_then(Value::as_bool).unwrap_or(false);
-    let job = engine::admit(app, &prompt, output_tokens).await;
+    let job = engine::admit(app, &served, &prompt, output_tokens).await;
     let cached = job.cached_tokens;
     let mut resp = if stream {
         let (tx, body) = sse::channel();
-        tokio::spawn(run_stream(job, tx, id, app.model.clone()));
+        tokio::spawn(run_stream(job, tx, id, served.name));
         sse::response(body)
     } else {
         job.run_to_end().await;
@@ -70,7 +71,7 @@ pub async fn create(app: &Arc<App>, req: Request<Incoming>) -> Response<Body> {
             kind: "message",
             role: "assistant",
             content: vec![TextBlock::new(&text)],
-            model: &app.model,
+            model: &served.name,
             stop_reason: STOP_REASON,
             usage: final_usage(&job),
         };
@@ -92,7 +93,8 @@ pub async fn count_tokens(app: &App, req: Request<Incoming>) -> Response<Body> {
         Ok(v) => v,
         Err(e) => return e.into_response(),
     };
-    let turns = match completions::check_model(app, &v).and_then(|()| conversation(&v)) {
+    let checked = completions::check_model(app, &v).await;
+    let turns = match checked.and_then(|_| conversation(&v)) {
         Ok(t) => t,
         Err(e) => return anthropic(e),
     };
@@ -188,51 +190,49 @@ async fn read(req: Request<Incoming>, needs_max_tokens: bool) -> Result<Value, A
     match v.get("model") {
         Some(Value::String(m)) if !m.is_empty() => {}
         Some(Value::String(_)) => {
-            return Err(invalid("body.model", "Value error, Model is required"))
+            return Err(ApiError::validation(
+                "body.model",
+                "Value error, Model is required",
+            ))
         }
-        _ => return Err(invalid("body.model", "Field required")),
+        _ => return Err(ApiError::validation("body.model", "Field required")),
     }
     if !v.get("messages").is_some_and(Value::is_array) {
-        return Err(invalid("body.messages", "Input should be a valid list"));
+        return Err(ApiError::validation(
+            "body.messages",
+            "Input should be a valid list",
+        ));
     }
     if needs_max_tokens {
         match v.get("max_tokens").and_then(Value::as_i64) {
             Some(n) if n > 0 => {}
             Some(_) => {
-                return Err(invalid(
+                return Err(ApiError::validation(
                     "body.max_tokens",
                     "Value error, max_tokens must be positive",
                 ))
             }
-            None => return Err(invalid("body.max_tokens", "Field required")),
+            None => return Err(ApiError::validation("body.max_tokens", "Field required")),
         }
         if !matches!(v.get("stream"), None | Some(Value::Null | Value::Bool(_))) {
-            return Err(invalid("body.stream", "Input should be a valid boolean"));
+            return Err(ApiError::validation(
+                "body.stream",
+                "Input should be a valid boolean",
+            ));
         }
     }
     Ok(v)
 }
 
-/// A pydantic validation error as vLLM answers it: 400, type "Bad Request",
-/// `param` the field's location.
-fn invalid(param: &'static str, what: &str) -> ApiError {
-    ApiError {
-        status: StatusCode::BAD_REQUEST,
-        kind: "Bad Request",
-        param: Some(param),
-        message: format!("1 validation error:\n  {param}: {what}"),
-    }
-}
-
 /// The handler's checks, in vLLM's order: model, then (as a chat request)
 /// the prompt and the output budget against the context.
-fn prepare(app: &App, v: &Value) -> Result<(String, usize), ApiError> {
-    completions::check_model(app, v)?;
+async fn prepare(app: &App, v: &Value) -> Result<(Served, String, usize), ApiError> {
+    let served = completions::check_model(app, v).await?;
     let prompt = render(&conversation(v)?);
     let output_tokens =
         completions::output_budget(app, v, &["max_tokens"]).map_err(ApiError::bad_request)?;
     completions::check_context(app, tokens_of(&prompt), output_tokens)?;
-    Ok((prompt, output_tokens))
+    Ok((served, prompt, output_tokens))
 }
 
 /// The chat turns vLLM makes of a Messages request

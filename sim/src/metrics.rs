@@ -28,6 +28,10 @@ pub struct Metrics {
     /// (`vllm:prompt_tokens_cached_total`).
     pub prefilled_tokens: AtomicU64,
     pub prefilled_cached_tokens: AtomicU64,
+    /// Adapters loaded by `POST /v1/load_lora_adapter` (start-up ones not
+    /// counted), and adapters unloaded.
+    pub lora_loads: AtomicU64,
+    pub lora_unloads: AtomicU64,
     /// Requests currently held by the `hang` fault.
     pub hanging: AtomicU64,
     last_headers: Mutex<BTreeMap<String, String>>,
@@ -180,6 +184,18 @@ impl Metrics {
             "counter",
             "Generation requests received by the simulator (any outcome).",
             load(&self.requests),
+        );
+        put(
+            "sim_lora_loads_total",
+            "counter",
+            "LoRA adapters loaded by POST /v1/load_lora_adapter.",
+            load(&self.lora_loads),
+        );
+        put(
+            "sim_lora_unloads_total",
+            "counter",
+            "LoRA adapters unloaded by POST /v1/unload_lora_adapter.",
+            load(&self.lora_unloads),
         );
         put(
             "sim_max_running_seen",

@@ -25,6 +25,7 @@ use crate::common::{self, ApiError, Body};
 use crate::completions::{self, add_cached_header, output_text, TOKEN_TEXT};
 use crate::conversation::{content_text, render, Turn};
 use crate::engine::{self, Job};
+use crate::lora::Served;
 use crate::responses_shapes::{
     Echo, ItemEvent, OutputMessage, OutputText, PartEvent, ResponseEvent, ResponseObject,
     ResponseUsage, TextDeltaEvent, TextDoneEvent,
@@ -36,6 +37,7 @@ use crate::tokenize::count_tokens;
 /// A validated create request.
 #[derive(Debug)]
 struct Parsed {
+    served: Served,
     turns: Vec<Turn>,
     prompt: String,
     output_tokens: usize,
@@ -46,18 +48,19 @@ struct Parsed {
 
 /// `POST /v1/responses`.
 pub async fn create(app: &Arc<App>, req: Request<Incoming>) -> Response<Body> {
-    let p = match completions::begin(app, req)
-        .await
-        .and_then(|b| parse(app, &b))
-    {
+    let parsed = match completions::begin(app, req).await {
+        Ok(b) => parse(app, &b).await,
+        Err(e) => Err(e),
+    };
+    let p = match parsed {
         Ok(p) => p,
         Err(e) => return e.into_response(),
     };
     let id = format!("resp_{}", app.random_hex());
-    let job = engine::admit(app, &p.prompt, p.output_tokens).await;
+    let job = engine::admit(app, &p.served, &p.prompt, p.output_tokens).await;
     let cached = job.cached_tokens;
     let object =
-        ResponseObject::in_progress(id, unix_now(), app.model.clone(), p.output_tokens, p.echo);
+        ResponseObject::in_progress(id, unix_now(), p.served.name, p.output_tokens, p.echo);
     let mut pending = Pending {
         app: Arc::clone(app),
         turns: p.turns,
@@ -281,9 +284,9 @@ async fn produce(job: &Job, tx: &SseSender, mut pending: Pending) -> Result<(), 
 
 /// Validates a create request the way vLLM 0.32 does, in its order: model,
 /// background/store, `previous_response_id`, then the prompt length.
-fn parse(app: &App, body: &[u8]) -> Result<Parsed, ApiError> {
+async fn parse(app: &App, body: &[u8]) -> Result<Parsed, ApiError> {
     let v = completions::json_object(body)?;
-    completions::check_model(app, &v)?;
+    let served = completions::check_model(app, &v).await?;
     let store_asked = match v.get("store") {
         None | Some(Value::Null) => true, // vLLM's default
         _ => completions::flag(&v, "store")?,
@@ -329,6 +332,7 @@ fn parse(app: &App, body: &[u8]) -> Result<Parsed, ApiError> {
         .map_err(ApiError::bad_request)?
         .min(app.max_model_len - prompt_tokens);
     Ok(Parsed {
+        served,
         turns,
         prompt,
         output_tokens,

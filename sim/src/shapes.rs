@@ -224,9 +224,11 @@ impl<'a, C> Chunk<'a, C> {
 #[derive(Debug, Serialize)]
 pub struct ModelList<'a> {
     pub object: &'static str,
-    pub data: [ModelCard<'a>; 1],
+    pub data: Vec<ModelCard<'a>>,
 }
 
+/// A base model has its `max_model_len` and no parent; an adapter has the
+/// base model as parent, its path as root and no `max_model_len`.
 #[derive(Debug, Serialize)]
 pub struct ModelCard<'a> {
     pub id: &'a str,
@@ -234,8 +236,64 @@ pub struct ModelCard<'a> {
     pub created: u64,
     pub owned_by: &'static str,
     pub root: &'a str,
-    pub parent: Null,
-    pub max_model_len: usize,
+    pub parent: Option<&'a str>,
+    pub max_model_len: Option<usize>,
+    pub permission: [ModelPermission; 1],
+}
+
+/// vLLM's default `ModelPermission`, made anew (id, `created`) for every
+/// card of every listing.
+#[derive(Debug, Serialize)]
+pub struct ModelPermission {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub allow_create_engine: bool,
+    pub allow_sampling: bool,
+    pub allow_logprobs: bool,
+    pub allow_search_indices: bool,
+    pub allow_view: bool,
+    pub allow_fine_tuning: bool,
+    pub organization: &'static str,
+    pub group: Null,
+    pub is_blocking: bool,
+}
+
+impl<'a> ModelCard<'a> {
+    /// `created` is the time of the listing, as vLLM's default gives;
+    /// `perm_id` the permission's 16 hex digits.
+    pub fn new(
+        id: &'a str,
+        root: &'a str,
+        parent: Option<&'a str>,
+        max_model_len: Option<usize>,
+        created: u64,
+        perm_id: String,
+    ) -> Self {
+        ModelCard {
+            id,
+            object: "model",
+            created,
+            owned_by: "vllm",
+            root,
+            parent,
+            max_model_len,
+            permission: [ModelPermission {
+                id: format!("modelperm-{perm_id}"),
+                object: "model_permission",
+                created,
+                allow_create_engine: false,
+                allow_sampling: true,
+                allow_logprobs: true,
+                allow_search_indices: false,
+                allow_view: true,
+                allow_fine_tuning: false,
+                organization: "*",
+                group: None,
+                is_blocking: false,
+            }],
+        }
+    }
 }
 
 #[cfg(test)]
@@ -287,5 +345,14 @@ mod tests {
             serde_json::json!([])
         );
         assert_eq!(v["choices"][0]["finish_reason"], "length");
+    }
+
+    #[test]
+    fn model_card_is_in_vllm_order_with_a_permission() {
+        let card = ModelCard::new("a", "/p/a", Some("m"), None, 7, "00ff".into());
+        assert_eq!(
+            serde_json::to_string(&card).unwrap(),
+            r#"{"id":"a","object":"model","created":7,"owned_by":"vllm","root":"/p/a","parent":"m","max_model_len":null,"permission":[{"id":"modelperm-00ff","object":"model_permission","created":7,"allow_create_engine":false,"allow_sampling":true,"allow_logprobs":true,"allow_search_indices":false,"allow_view":true,"allow_fine_tuning":false,"organization":"*","group":null,"is_blocking":false}]}"#
+        );
     }
 }

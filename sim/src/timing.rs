@@ -4,7 +4,7 @@
 //! hits make the first token arrive sooner. Each decode step produces one
 //! token for a request and costs `decode_us_per_token +
 //! step_us_per_running_seq * running`, so a fuller batch decodes slower, as a
-//! real GPU does. Everything is multiplied by `time_scale` (0 = no delays)
+//! real GPU does. Loading a LoRA adapter takes `lora_load_us`. Everything is multiplied by `time_scale` (0 = no delays)
 //! and by the `slow` fault's factor (1 when no slow fault is active).
 
 use std::time::Duration;
@@ -14,6 +14,7 @@ pub struct TimingModel {
     pub prefill_us_per_token: u64,
     pub decode_us_per_token: u64,
     pub step_us_per_running_seq: u64,
+    pub lora_load_us: u64,
     pub time_scale: f64,
 }
 
@@ -31,6 +32,11 @@ impl TimingModel {
         let us =
             self.decode_us_per_token as f64 + self.step_us_per_running_seq as f64 * running as f64;
         self.scale(us, slow)
+    }
+
+    /// Time to load one LoRA adapter.
+    pub fn lora_load(&self, slow: f64) -> Duration {
+        self.scale(self.lora_load_us as f64, slow)
     }
 
     fn scale(&self, us: f64, slow: f64) -> Duration {
@@ -60,6 +66,7 @@ mod tests {
             prefill_us_per_token: 20,
             decode_us_per_token: 2000,
             step_us_per_running_seq: 200,
+            lora_load_us: 50_000,
             time_scale: scale,
         }
     }
@@ -72,6 +79,7 @@ mod tests {
         // The slow fault multiplies, time_scale multiplies too.
         assert_eq!(m.decode_step(0, 10.0), Duration::from_micros(20_000));
         assert_eq!(model(0.5).prefill(100, 1.0), Duration::from_micros(1000));
+        assert_eq!(model(0.5).lora_load(2.0), Duration::from_millis(50));
     }
 
     #[test]
@@ -79,5 +87,6 @@ mod tests {
         let m = model(0.0);
         assert_eq!(m.prefill(1000, 10.0), Duration::ZERO);
         assert_eq!(m.decode_step(4, 10.0), Duration::ZERO);
+        assert_eq!(m.lora_load(10.0), Duration::ZERO);
     }
 }

@@ -10,7 +10,9 @@
 //!
 //! Blocks: tokens are cut into blocks of `block_size` tokens; only full blocks
 //! get a hash. Hashes are chained so a block's identity includes everything
-//! before it: `h_i = xxh3_64(h_{i-1} as 8 LE bytes ‖ block bytes)`, `h_{-1} = 0`.
+//! before it: `h_i = xxh3_64(h_{i-1} as 8 LE bytes ‖ block bytes)`, with
+//! `h_{-1}` the served model's namespace: 0 for the base model, its own for
+//! each adapter (`lora::Served`), so adapters never share blocks.
 
 use serde_json::Value;
 use xxhash_rust::xxh3::xxh3_64;
@@ -49,12 +51,13 @@ pub fn detokenize(ids: &[u32]) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
-/// Chained hashes of all full blocks of `text`, first block first.
-pub fn block_hashes(text: &str, block_size: usize) -> Vec<u64> {
+/// Chained hashes of all full blocks of `text`, first block first, the
+/// chain seeded with `namespace`.
+pub fn block_hashes(namespace: u64, text: &str, block_size: usize) -> Vec<u64> {
     let bytes = text.as_bytes();
     let full_blocks = count_tokens(text) / block_size;
     let block_bytes = block_size * BYTES_PER_TOKEN;
-    let mut prev: u64 = 0;
+    let mut prev = namespace;
     let mut out = Vec::with_capacity(full_blocks);
     let mut buf = Vec::with_capacity(8 + block_bytes);
     for i in 0..full_blocks {
@@ -120,13 +123,16 @@ mod tests {
     #[test]
     fn only_full_blocks_are_hashed_and_chained() {
         let text = "x".repeat(40 * 4); // 40 tokens
-        let h = block_hashes(&text, 16);
+        let h = block_hashes(0, &text, 16);
         assert_eq!(h.len(), 2);
         // Same content at a different position hashes differently (chaining).
         assert_ne!(h[0], h[1]);
         let mut buf = 0u64.to_le_bytes().to_vec();
         buf.extend_from_slice(&text.as_bytes()[..64]);
         assert_eq!(h[0], xxh3_64(&buf));
+        // Another namespace: other hashes for the same text, from the start.
+        let other = block_hashes(7, &text, 16);
+        assert!(other.iter().all(|x| !h.contains(x)));
     }
 
     #[test]

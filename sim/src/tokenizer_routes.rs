@@ -65,7 +65,7 @@ pub async fn detokenize(app: &App, req: Request<Incoming>) -> Response<Body> {
 async fn read(app: &App, req: Request<Incoming>) -> Result<Value, ApiError> {
     common::fault_gate(app).await?;
     let v = json_object(&common::read_body(req).await?)?;
-    check_model(app, &v)?;
+    check_model(app, &v).await?;
     Ok(v)
 }
 
