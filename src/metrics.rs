@@ -169,6 +169,23 @@ pub static BACKEND_FAILURES: LazyLock<IntCounterVec> = LazyLock::new(|| {
     )
 });
 
+/// Per backend of a learned pool (`model` is the pool's label).
+pub static LEARNED_MODELS: LazyLock<IntGaugeVec> = LazyLock::new(|| {
+    gauge_vec(
+        "poimen_gateway_learned_models",
+        "Models and adapters the backend listed in its last answer to GET /v1/models",
+        BACKEND,
+    )
+});
+
+pub static LEARN_FAILURES: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter_vec(
+        "poimen_gateway_learn_failures_total",
+        "GET /v1/models of a learned pool's backend that failed, timed out or was not a model list",
+        BACKEND,
+    )
+});
+
 /// Log lines lost to a full log queue: stderr was not read fast enough
 /// (see `logging`).
 /// Trace spans that were not exported, by reason: `queue_full` (the

@@ -33,6 +33,7 @@ pub fn add(
     let (verifier, refresher) = jwt.unzip();
     let (gateway, health_checks) = Gateway::new(config, verifier, resolved);
     let refresh = gateway.refresh_service();
+    let learn = gateway.learn_service();
     let traces = gateway.traces();
     let mut proxy = ProxyServiceBuilder::new(&server.configuration, gateway)
         .client_options(upstream)
@@ -56,6 +57,9 @@ pub fn add(
     }
     if let Some(refresh) = refresh {
         server.add_service(background_service("discovery", refresh));
+    }
+    if let Some(learn) = learn {
+        server.add_service(background_service("learned models", learn));
     }
     traces
 }

@@ -15,6 +15,7 @@ mod failover;
 mod fuzz;
 mod jwt;
 mod keyless;
+mod learned;
 mod load_feedback;
 mod logging;
 mod operations;

@@ -16,7 +16,9 @@ use crate::routing::Policy;
 #[cfg_attr(test, derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ModelFile {
-    name: String,
+    /// The model's name. None: the models (and LoRA adapters) its backends
+    /// list in `GET /v1/models` are learned.
+    name: Option<String>,
     /// A single backend (the form older files use): `IP:port`, or
     /// `name:port` for every address the name resolves to.
     address: Option<String>,
@@ -33,7 +35,12 @@ pub struct ModelFile {
 
 #[derive(Debug, Clone)]
 pub struct ModelConfig {
+    /// The model's name; for a learned pool its label, `models[i]`, which
+    /// no request names.
     pub name: String,
+    /// Its names are learned from its backends' `GET /v1/models`
+    /// (`crate::catalog`).
+    pub learned: bool,
     pub backends: Vec<BackendConfig>,
     /// Admission limits of each of this model's backends.
     pub limits: Capacity,
@@ -75,7 +82,7 @@ pub fn validate(
     for (i, m) in models.into_iter().enumerate() {
         let path = format!("gateway.models[{i}]");
         let model = validate_model(&path, m, limits, replicas, load_feedback, routing)?;
-        if !names.insert(model.name.clone()) {
+        if !model.learned && !names.insert(model.name.clone()) {
             return Err(invalid(
                 format!("{path}.name"),
                 &model.name,
@@ -126,22 +133,33 @@ fn validate_model(
     load_feedback: bool,
     routing: &Policy,
 ) -> Result<ModelConfig, Invalid> {
-    if m.name.trim().is_empty() || m.name.chars().any(char::is_control) {
+    let learned = m.name.is_none();
+    let name = m
+        .name
+        .unwrap_or_else(|| path.trim_start_matches("gateway.").to_string());
+    if name.trim().is_empty() || name.chars().any(char::is_control) {
         return Err(invalid(
             format!("{path}.name"),
-            &m.name,
+            &name,
             "must be a non-empty name without control characters",
+        ));
+    }
+    if learned && m.aliases.as_ref().is_some_and(|a| !a.is_empty()) {
+        return Err(invalid(
+            format!("{path}.aliases"),
+            &name,
+            "a model whose names are learned has no name to alias",
         ));
     }
     let entries: Vec<AddressFile> = match (m.address, m.addresses) {
         (Some(_), Some(_)) => {
             return Err(invalid(
                 path,
-                &m.name,
+                &name,
                 "set either `address` or `addresses`, not both",
             ))
         }
-        (None, None) => return Err(invalid(path, &m.name, "needs `address` or `addresses`")),
+        (None, None) => return Err(invalid(path, &name, "needs `address` or `addresses`")),
         (Some(a), None) => vec![AddressFile::from(a)],
         (None, Some(list)) => list.into_iter().map(|e| e.0).collect(),
     };
@@ -184,7 +202,8 @@ fn validate_model(
     let limits = configured.shared_by(replicas);
     let policy = routing.clone();
     Ok(ModelConfig {
-        name: m.name,
+        name,
+        learned,
         aliases: m.aliases.unwrap_or_default(),
         backends,
         limits,

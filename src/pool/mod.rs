@@ -39,6 +39,9 @@ pub use refresh::Refresh;
 
 pub struct ModelPool {
     pub name: String,
+    /// Its names are learned from its backends (`crate::catalog`): no
+    /// request names `name`.
+    pub learned: bool,
     /// The model's routing policy and the state it keeps.
     pub routing: ModelRouting,
     limits: Capacity,
@@ -100,7 +103,8 @@ impl Members {
                 deadline,
             } = &self.ranked[i];
             Facts {
-                excluded: Exclusions::excludes(deadline, clock),
+                excluded: Exclusions::excludes(deadline, clock)
+                    || !input.served_by(&self.router.addrs()[i]),
                 load: admission.load(),
                 slots: if bounded { admission.slot_limit() } else { 0 },
                 cached_tokens: 0,
@@ -200,6 +204,7 @@ impl ModelPool {
         }
         let pool = ModelPool {
             name: model.name.clone(),
+            learned: model.learned,
             routing: ModelRouting::new(model.name.as_str().into(), model.policy.clone(), owners),
             limits: model.limits,
             load_feedback: model.load_feedback,

@@ -18,6 +18,7 @@ fn model(name: &str, n: u16) -> ModelConfig {
     ModelConfig {
         name: name.into(),
         aliases: Vec::new(),
+        learned: false,
         backends: (0..n)
             .map(|i| BackendConfig {
                 target: Target::Addr(addr(i)),

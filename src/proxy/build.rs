@@ -14,6 +14,7 @@ use super::{stored, Gateway};
 use crate::aliases::Aliases;
 use crate::auth::jwt::Verifier;
 use crate::auth::Reason;
+use crate::catalog::{Catalog, Learn};
 use crate::config::{GatewayConfig, JwksSource};
 use crate::discovery::{AtStart, Discovery};
 use crate::metrics;
@@ -22,6 +23,7 @@ use crate::routing::{owners, Owners};
 use crate::tenants::Tenants;
 use crate::tls;
 use crate::trace::Traces;
+use crate::upstream;
 
 impl Gateway {
     /// The gateway over the backends resolved at start, and the
@@ -83,11 +85,17 @@ impl Gateway {
             .expect("the configuration refuses a tenant named `other`");
         let traces = config.tracing.clone().map(Traces::new);
         let aliases = Aliases::new(&config.models);
+        let learned = config.models.iter().filter(|m| m.learned);
+        let learned = learned.map(|m| pools[&m.name].clone()).collect();
+        let configured = config.models.iter().filter(|m| !m.learned);
+        let configured = configured.map(|m| m.name.clone()).collect();
+        let catalog = Arc::new(Catalog::new(learned, configured));
         let gateway = Gateway {
             traces,
             config: Arc::new(config),
             pools,
             aliases,
+            catalog,
             jwt,
             owners,
             lookup,
@@ -101,6 +109,21 @@ impl Gateway {
     /// the server has stopped.
     pub fn traces(&self) -> Option<Traces> {
         self.traces.clone()
+    }
+
+    /// The service that learns the models of the pools configured without
+    /// a name, if any is.
+    pub fn learn_service(&self) -> Option<Learn> {
+        let options = tls::trusting(
+            ConnectorOptions::new(0),
+            self.config.upstream_ca_file.as_deref(),
+        );
+        (!self.catalog.pools().is_empty()).then(|| Learn {
+            catalog: self.catalog.clone(),
+            connector: Arc::new(Connector::new(Some(options))),
+            authorization: upstream::authorization(self.config.upstream_api_key.as_deref()),
+            every: self.config.discovery.refresh,
+        })
     }
 
     /// The service that re-resolves the models' DNS names, if any has one.

@@ -32,6 +32,9 @@ pub struct RequestCtx {
     pub(super) trace: Option<RequestSpan>,
     /// The name the client asked for, when an alias of the served model.
     pub(super) asked_model: Option<String>,
+    /// The learned model or adapter it asked for (its pool's name is a
+    /// label).
+    pub(super) learned_model: Option<Box<str>>,
 }
 
 /// How far a request got.
@@ -117,6 +120,12 @@ impl Routed {
 }
 
 impl RequestCtx {
+    /// The model it is served as, for its metrics and logs: `pool`'s, or
+    /// the learned name it asked for.
+    pub(super) fn model<'a>(&'a self, pool: &'a ModelPool) -> &'a str {
+        self.learned_model.as_deref().unwrap_or(&pool.name)
+    }
+
     pub(super) fn routed(&self) -> Option<&Routed> {
         match &self.phase {
             Phase::Routed(r) => Some(r),

@@ -87,10 +87,14 @@ pub fn health<'a>(pools: impl Iterator<Item = &'a ModelPool>, now: Instant) -> (
 }
 
 /// `GET /v1/models` in OpenAI's list shape, from the configuration.
-pub fn models<'a>(names: impl Iterator<Item = &'a str>, created: u64) -> Value {
+pub fn models<'a>(names: impl Iterator<Item = (&'a str, Option<&'a str>)>, created: u64) -> Value {
     let data: Vec<Value> = names
-        .map(|name| {
-            json!({"id": name, "object": "model", "created": created, "owned_by": "poimen-gateway"})
+        .map(|(name, parent)| {
+            let mut card = json!({"id": name, "object": "model", "created": created, "owned_by": "poimen-gateway"});
+            if let Some(parent) = parent {
+                card["parent"] = parent.into();
+            }
+            card
         })
         .collect();
     json!({"object": "list", "data": data})

@@ -58,6 +58,7 @@ use pingora::ErrorType;
 use crate::admission::load_report;
 use crate::aliases::Aliases;
 use crate::auth::{self, jwt::Verifier, Reason};
+use crate::catalog::Catalog;
 use crate::config::GatewayConfig;
 use crate::errors::{self, ApiError, Shape};
 use crate::failover::{self, Failure};
@@ -80,6 +81,8 @@ pub struct Gateway {
     pools: HashMap<String, Arc<ModelPool>>,
     /// Other names clients ask for the models by.
     aliases: Aliases,
+    /// The models the learned pools' backends list.
+    catalog: Arc<Catalog>,
     /// JWT verification, when `auth.jwt` is configured.
     jwt: Option<Verifier>,
     /// Which backend stored each Responses API response, for every model.
@@ -129,6 +132,7 @@ impl ProxyHttp for Gateway {
             error: None,
             trace: None,
             asked_model: None,
+            learned_model: None,
         }
     }
 
@@ -189,7 +193,10 @@ impl ProxyHttp for Gateway {
                 return Ok(true);
             }
             Endpoint::Models => {
-                let names = self.config.models.iter().map(|m| m.name.as_str());
+                let configured = self.config.models.iter().filter(|m| !m.learned);
+                let learned = self.catalog.list();
+                let names = (configured.map(|m| (m.name.as_str(), None)))
+                    .chain(learned.iter().map(|(n, p)| (n.as_str(), p.as_deref())));
                 respond_json(session, 200, endpoints::models(names, self.started)).await;
                 return Ok(true);
             }

@@ -3,6 +3,7 @@
 //! checked, what routing reads of it; then routed and admitted
 //! (`admit.rs`), in one place for every kind of request.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -16,8 +17,27 @@ use crate::api::{Api, BodyFormat};
 use crate::body;
 use crate::errors::ApiError;
 use crate::pool::ModelPool;
-use crate::routing::Routable;
+use crate::routing::{chain, Routable};
 use crate::tenants::Tenant;
+
+/// The model a request names, found.
+struct Resolved {
+    pool: Arc<ModelPool>,
+    /// Its body names an alias: renamed to the pool's model.
+    renamed: bool,
+    /// A learned name: the pool's backends that serve it.
+    only: Option<Arc<[SocketAddr]>>,
+}
+
+impl Resolved {
+    fn named(pool: Arc<ModelPool>) -> Self {
+        Resolved {
+            pool,
+            renamed: false,
+            only: None,
+        }
+    }
+}
 
 /// A request ready to be routed.
 struct Prepared {
@@ -50,7 +70,11 @@ impl Gateway {
             }
         }
         .map_err(|e| ApiError::BadRequest(e.to_string()))?;
-        let (pool, renamed) = self.pool_for(ctx, &facts.model)?;
+        let Resolved {
+            pool,
+            renamed,
+            only,
+        } = self.pool_for(ctx, &facts.model)?;
         // A turn that continues a stored response goes where it is stored.
         let continues = (described.continues_stored)
             .then(|| {
@@ -60,10 +84,14 @@ impl Gateway {
             })
             .flatten()
             .map(|id| id.into_owned());
-        let chain = pool.routing.policy().chain(api, &facts.prompt);
-        let input = (pool.routing.input(cache_key, warmup, api, &facts.prompt))
-            .with_stored(continues)
-            .with_chain(chain);
+        let mut chain = pool.routing.policy().chain(api, &facts.prompt);
+        let mut input = pool.routing.input(cache_key, warmup, api, &facts.prompt);
+        if let Some(only) = only {
+            // Another model's or adapter's blocks of the pool never match.
+            chain::namespace(&mut chain, &facts.model);
+            input = input.with_only(only);
+        }
+        let input = input.with_stored(continues).with_chain(chain);
         let held = self.serve(ctx, &pool, tenant)?;
         // A stream whose client did not ask for usage: ask for it, and hide
         // the extra chunk from the client.
@@ -95,15 +123,19 @@ impl Gateway {
         self.enter(session, ctx, request, tenant).await
     }
 
-    /// The pool of the model a request names, by its name or an alias (then
-    /// also whether its body must be renamed).
-    fn pool_for(
-        &self,
-        ctx: &mut RequestCtx,
-        asked: &str,
-    ) -> Result<(Arc<ModelPool>, bool), ApiError> {
-        if let Some(pool) = self.pools.get(asked) {
-            return Ok((pool.clone(), false));
+    /// The pool of the model a request names: a configured model's, a
+    /// learned model's (its backends that list it), or an alias's.
+    fn pool_for(&self, ctx: &mut RequestCtx, asked: &str) -> Result<Resolved, ApiError> {
+        if let Some(pool) = self.pools.get(asked).filter(|p| !p.learned) {
+            return Ok(Resolved::named(pool.clone()));
+        }
+        if let Some(served) = self.catalog.served(asked) {
+            ctx.learned_model = Some(asked.into());
+            return Ok(Resolved {
+                pool: served.pool.clone(),
+                renamed: false,
+                only: Some(served.backends.clone()),
+            });
         }
         let alias = (self.aliases.resolve(asked))
             .ok_or_else(|| ApiError::UnknownModel(asked.to_string()))?;
@@ -111,7 +143,10 @@ impl Gateway {
             .with_label_values(&[alias.pattern, alias.served])
             .inc();
         ctx.asked_model = Some(asked.to_string());
-        Ok((self.pools[alias.served].clone(), true))
+        Ok(Resolved {
+            renamed: true,
+            ..Resolved::named(self.pools[alias.served].clone())
+        })
     }
 
     /// The request is for `pool`: counted under its model from now on, and

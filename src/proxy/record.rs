@@ -24,7 +24,7 @@ pub(super) fn record(session: &Session, ctx: &RequestCtx) {
     let series = attempt.and_then(|a| a.members.series(&a.candidate.addr));
     let backend = series.map_or("none", |s| s.label.as_str());
     let route = candidate.map_or("none", |c| c.route.as_str());
-    let model = pool.name.as_str();
+    let model = ctx.model(pool);
     let duration = ctx.started.elapsed();
     // The series whose labels vary per request (route, code, tenant).
     metrics::REQUESTS

@@ -18,6 +18,7 @@ use crate::errors::ApiError;
 use crate::metrics;
 use crate::pool::ModelPool;
 use crate::routing::owners::{verdict, Answer, Verdict};
+use crate::upstream;
 
 /// The most of a backend's 404 body kept, to hand to the client.
 const NOT_FOUND_BODY_BYTES: usize = 16 * 1024;
@@ -34,8 +35,7 @@ impl Lookup {
     pub fn new(connector: Connector, upstream_api_key: Option<&str>, timeout: Duration) -> Self {
         Lookup {
             connector: Arc::new(connector),
-            authorization: upstream_api_key
-                .and_then(|k| HeaderValue::try_from(format!("Bearer {k}")).ok()),
+            authorization: upstream::authorization(upstream_api_key),
             timeout,
         }
     }
@@ -66,47 +66,24 @@ impl Lookup {
     }
 
     fn request(&self, id: &str, addr: SocketAddr) -> Option<RequestHeader> {
-        let mut req =
-            RequestHeader::build("GET", format!("/v1/responses/{id}").as_bytes(), None).ok()?;
-        // uvicorn refuses an HTTP/1.1 request without one.
-        req.insert_header(http::header::HOST, addr.to_string())
-            .ok()?;
-        if let Some(auth) = &self.authorization {
-            req.insert_header(http::header::AUTHORIZATION, auth.clone())
-                .ok()?;
-        }
-        Some(req)
+        let path = format!("/v1/responses/{id}");
+        upstream::get(&path, addr, self.authorization.as_ref())
     }
 }
 
 /// One backend's answer; anything but 200 or 404 is a failure.
 async fn ask(connector: &Connector, peer: &HttpPeer, request: RequestHeader) -> Answer {
-    let Ok((mut session, _)) = connector.get_http_session(peer).await else {
+    let Some(mut session) = upstream::send(connector, peer, request).await else {
         return Answer::Failed;
     };
-    if session
-        .write_request_header(Box::new(request))
-        .await
-        .is_err()
-        || session.finish_request_body().await.is_err()
-        || session.read_response_header().await.is_err()
-    {
-        return Answer::Failed;
-    }
     match session.response_header().map(|h| h.status.as_u16()) {
         // The connection is not reused: the stored response need not be read.
         Some(200) => Answer::Has,
-        Some(404) => {
-            let mut body = Vec::new();
-            while let Ok(Some(chunk)) = session.read_response_body().await {
-                let room = NOT_FOUND_BODY_BYTES.saturating_sub(body.len());
-                body.extend_from_slice(&chunk[..chunk.len().min(room)]);
-                if room == 0 {
-                    break;
-                }
-            }
-            Answer::NotFound(body.into())
-        }
+        Some(404) => Answer::NotFound(
+            upstream::body(&mut session, NOT_FOUND_BODY_BYTES)
+                .await
+                .into(),
+        ),
         _ => Answer::Failed,
     }
 }

@@ -63,8 +63,8 @@ pub(super) fn finish(session: &Session, ctx: &mut RequestCtx, e: Option<&Error>)
     let route = api::route(&req.method, path);
     let (model, routed) = match &ctx.phase {
         Phase::Local => (None, None),
-        Phase::Unserved(pool) => (Some(pool.name.as_str()), None),
-        Phase::Routed(r) => (Some(r.pool.name.as_str()), Some(&**r)),
+        Phase::Unserved(pool) => (Some(ctx.model(pool)), None),
+        Phase::Routed(r) => (Some(ctx.model(&r.pool)), Some(&**r)),
     };
     let attempt = routed.map(|r| &r.attempt);
     let series = attempt.and_then(|a| a.members.series(&a.candidate.addr));

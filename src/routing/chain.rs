@@ -61,6 +61,15 @@ pub fn of_prompt(api: Api, p: &Prompt) -> Vec<u64> {
     }
 }
 
+/// Make `chain` the chain of model or adapter `name`: no block of another
+/// name's chain matches one of it.
+pub fn namespace(chain: &mut [u64], name: &str) {
+    let seed = xxh3_64(name.as_bytes());
+    for link in chain {
+        *link ^= seed;
+    }
+}
+
 /// The chain of `parts`, separated; none without the last part, the prompt
 /// proper.
 fn stream(parts: &[Option<&RawValue>]) -> Vec<u64> {

@@ -178,7 +178,7 @@ impl<'a> Request<'a> {
 /// prefix index). A policy reads a candidate through these alone.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Facts {
-    /// Left out after a failure.
+    /// Left out: after a failure, or it does not serve the name asked for.
     pub excluded: bool,
     /// Requests holding a slot or queued for one, at this gateway.
     pub load: usize,

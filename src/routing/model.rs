@@ -65,6 +65,9 @@ pub struct Routable {
     stored: Option<String>,
     /// Its prompt's chain (`chain.rs`), when an index is kept.
     chain: Vec<u64>,
+    /// The only backends that serve the name it asked for (a learned model
+    /// or adapter), sorted; None: every backend of the pool.
+    only: Option<Arc<[SocketAddr]>>,
 }
 
 impl Routable {
@@ -98,6 +101,19 @@ impl Routable {
     pub fn with_chain(mut self, chain: Vec<u64>) -> Self {
         self.chain = chain;
         self
+    }
+
+    /// Only `backends` (sorted) serve it.
+    pub fn with_only(mut self, backends: Arc<[SocketAddr]>) -> Self {
+        self.only = Some(backends);
+        self
+    }
+
+    /// Whether `addr` serves it.
+    pub fn served_by(&self, addr: &SocketAddr) -> bool {
+        self.only
+            .as_ref()
+            .is_none_or(|only| only.binary_search(addr).is_ok())
     }
 
     /// It continues or names stored response `id`.
@@ -242,6 +258,7 @@ impl ModelRouting {
             tried: Vec::new(),
             stored: None,
             chain: Vec::new(),
+            only: None,
         }
     }
 
