@@ -186,6 +186,14 @@ pub static LEARN_FAILURES: LazyLock<IntCounterVec> = LazyLock::new(|| {
     )
 });
 
+pub static ADAPTER_LOADS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter_vec(
+        "poimen_gateway_adapter_loads_total",
+        "LoRA adapters loaded on demand on a learned pool's backend, by result (loaded, failed)",
+        &["model", "backend", "result"],
+    )
+});
+
 /// Log lines lost to a full log queue: stderr was not read fast enough
 /// (see `logging`).
 /// Trace spans that were not exported, by reason: `queue_full` (the

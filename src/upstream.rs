@@ -27,14 +27,37 @@ pub fn get(path: &str, addr: SocketAddr, auth: Option<&HeaderValue>) -> Option<R
     Some(req)
 }
 
-/// Send `request` to `peer`: the session with the response header read.
+/// `POST path` of a JSON body to the backend at `addr`.
+pub fn post_json(
+    path: &str,
+    addr: SocketAddr,
+    auth: Option<&HeaderValue>,
+) -> Option<RequestHeader> {
+    let mut req = get(path, addr, auth)?;
+    req.set_method(http::Method::POST);
+    req.insert_header(http::header::CONTENT_TYPE, "application/json")
+        .ok()?;
+    Some(req)
+}
+
+/// Send `request` (with `body`, if any) to `peer`: the session with the
+/// response header read.
 pub async fn send(
     connector: &Connector,
     peer: &HttpPeer,
-    request: RequestHeader,
+    mut request: RequestHeader,
+    body: Option<String>,
 ) -> Option<HttpSession> {
+    if let Some(body) = &body {
+        request
+            .insert_header(http::header::CONTENT_LENGTH, body.len())
+            .ok()?;
+    }
     let (mut session, _) = connector.get_http_session(peer).await.ok()?;
     session.write_request_header(Box::new(request)).await.ok()?;
+    if let Some(body) = body {
+        session.write_request_body(body.into(), true).await.ok()?;
+    }
     session.finish_request_body().await.ok()?;
     session.read_response_header().await.ok()?;
     Some(session)

@@ -145,3 +145,84 @@ async fn names_are_learned_routed_where_listed_kept_through_silence_and_forgotte
     .await;
     assert_eq!(chat(&gw, "fresh").await.0, 404);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_adapter_in_the_directory_is_loaded_once_where_routing_picks() {
+    let adapters = |name: &str| {
+        let dir = crate::support::gateway::temp_dir();
+        std::fs::create_dir_all(dir.join(name)).unwrap();
+        std::fs::write(dir.join(name).join("adapter_config.json"), "{}").unwrap();
+        dir
+    };
+    let (dir, refused_dir) = (adapters("hot"), adapters("broken"));
+    // A load takes 0.3 s: the requests below all arrive while it runs.
+    let loads = ["--allow-runtime-lora-updating", "--lora-load-us", "300000"];
+    let sims = [
+        Sim::start_scaled("qwen", "1", &loads),
+        Sim::start_scaled("qwen", "1", &loads),
+    ];
+    let refusing = Sim::start("qwen", &[]);
+    let gw = Gateway::start(&format!(
+        "  discovery: {{refresh_secs: 0.2}}\n  models:\n    \
+         - {{addresses: [\"{}\", \"{}\"], load_adapters_from: \"{}\"}}\n    \
+         - {{addresses: [\"{}\"], load_adapters_from: \"{}\"}}\n",
+        sims[0].addr,
+        sims[1].addr,
+        dir.display(),
+        refusing.addr,
+        refused_dir.display()
+    ))
+    .await;
+    eventually("the base model learned", || has(&gw, "qwen")).await;
+    let gw = std::sync::Arc::new(gw);
+    let mut asks = tokio::task::JoinSet::new();
+    for _ in 0..8 {
+        let gw = gw.clone();
+        asks.spawn(async move { chat(&gw, "hot").await });
+    }
+    let mut backends = HashSet::new();
+    while let Some(answer) = asks.join_next().await {
+        let (status, backend, model) = answer.unwrap();
+        assert_eq!((status, model), (200, json!("hot")));
+        backends.insert(backend);
+    }
+    assert_eq!(
+        backends.len(),
+        1,
+        "served where it was loaded: {backends:?}"
+    );
+    let loads =
+        sims[0].metric("sim_lora_loads_total").await + sims[1].metric("sim_lora_loads_total").await;
+    assert_eq!(loads, 1.0, "loaded once");
+    let loaded = [("result", "loaded")];
+    assert_eq!(
+        gw.metric("poimen_gateway_adapter_loads_total", &loaded)
+            .await,
+        1.0
+    );
+    eventually("the loaded adapter listed by its backend", || {
+        has(&gw, "hot")
+    })
+    .await;
+
+    // Not in the directory: 404. A load the backend refuses: 502, in the
+    // shape of the client's API.
+    assert_eq!(chat(&gw, "cold").await.0, 404);
+    let resp = client()
+        .post(gw.url("/v1/messages"))
+        .json(&json!({"model": "broken", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 502);
+    let answer: Value = resp.json().await.unwrap();
+    assert_eq!(answer["type"], "error", "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap();
+    assert!(message.contains("loading adapter `broken`"), "{message}");
+    let failed = [("result", "failed")];
+    assert_eq!(
+        gw.metric("poimen_gateway_adapter_loads_total", &failed)
+            .await,
+        1.0
+    );
+}

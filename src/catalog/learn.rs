@@ -90,7 +90,7 @@ async fn list(
     peer: &pingora::prelude::HttpPeer,
     request: pingora::http::RequestHeader,
 ) -> Option<Vec<Card>> {
-    let mut session = upstream::send(connector, peer, request).await?;
+    let mut session = upstream::send(connector, peer, request, None).await?;
     if session.response_header()?.status != 200 {
         return None;
     }

@@ -7,9 +7,11 @@
 //! and of two learned pools listing a name, the first in the file serves it.
 
 mod learn;
+mod load;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
@@ -17,6 +19,7 @@ use serde::Deserialize;
 
 use crate::pool::ModelPool;
 pub use learn::Learn;
+pub use load::{adapter_path, Loader};
 
 /// One entry of a backend's model list, as vLLM writes it.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -55,6 +58,8 @@ impl<P> Served<P> {
 /// What the learned pools' backends serve.
 pub struct Catalog<P = ModelPool> {
     pools: Vec<Arc<P>>,
+    /// Per pool: where its adapters are loaded from on demand.
+    adapter_dirs: Vec<Option<PathBuf>>,
     /// Names the configuration gives a model: never learned.
     configured: HashSet<String>,
     /// Per pool (as `pools`), each backend's last answer.
@@ -73,6 +78,7 @@ impl<P> Catalog<P> {
     pub fn new(pools: Vec<Arc<P>>, configured: HashSet<String>) -> Self {
         let answers = Mutex::new(vec![HashMap::new(); pools.len()]);
         Catalog {
+            adapter_dirs: vec![None; pools.len()],
             pools,
             configured,
             answers,
@@ -80,8 +86,23 @@ impl<P> Catalog<P> {
         }
     }
 
+    /// Pool `i`'s adapters are loaded on demand from `dirs[i]`.
+    pub fn with_adapter_dirs(mut self, dirs: Vec<Option<PathBuf>>) -> Self {
+        self.adapter_dirs = dirs;
+        self
+    }
+
     pub fn pools(&self) -> &[Arc<P>] {
         &self.pools
+    }
+
+    /// The first pool whose adapter directory holds adapter `name`: its
+    /// position, itself and the adapter's path.
+    pub fn loadable(&self, name: &str) -> Option<(usize, Arc<P>, PathBuf)> {
+        let dirs = self.adapter_dirs.iter().enumerate();
+        dirs.filter_map(|(i, dir)| Some((i, adapter_path(dir.as_ref()?, name)?)))
+            .map(|(i, path)| (i, self.pools[i].clone(), path))
+            .next()
     }
 
     /// The pool and backends that serve `name`, if a backend lists it.
@@ -116,6 +137,18 @@ impl<P> Catalog<P> {
                 kept.insert(addr, cards);
             }
         }
+        self.rebuild(&all)
+    }
+
+    /// `card` was loaded on `addr` of pool `pool` (it lists it from now on).
+    pub fn loaded(&self, pool: usize, addr: SocketAddr, card: Card) -> Changes {
+        let mut all = self.answers.lock().unwrap_or_else(|e| e.into_inner());
+        all[pool].entry(addr).or_default().push(card);
+        self.rebuild(&all)
+    }
+
+    /// The names from every pool's answers.
+    fn rebuild(&self, all: &[HashMap<SocketAddr, Vec<Card>>]) -> Changes {
         // name -> (its pool, the backends that list it, its parent)
         let mut names = HashMap::<String, (Arc<P>, Vec<SocketAddr>, Option<String>)>::new();
         for (i, by_backend) in all.iter().enumerate() {

@@ -2,6 +2,7 @@
 //! see `address`) and its own admission limits and balance factor.
 
 use std::collections::HashSet;
+use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
@@ -31,6 +32,10 @@ pub struct ModelFile {
     /// Other names clients may ask for this model by: exact, or globs
     /// with `*`.
     aliases: Option<Vec<String>>,
+    /// A model without a name only: a directory of LoRA adapters (one
+    /// subdirectory each); a request for one no backend has loaded loads
+    /// it on the backend routing picks.
+    load_adapters_from: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -48,6 +53,8 @@ pub struct ModelConfig {
     pub policy: Policy,
     /// Other names that mean this model (`crate::aliases`).
     pub aliases: Vec<String>,
+    /// Learned pools: where adapters are loaded from on demand.
+    pub load_adapters_from: Option<PathBuf>,
     /// With `scheduler.load_feedback`: the backend's whole `max_num_seqs`
     /// (before the split between replicas, the most slots its load reports
     /// may lend this replica) and the replicas. None: off.
@@ -144,6 +151,23 @@ fn validate_model(
             "must be a non-empty name without control characters",
         ));
     }
+    let load_adapters_from = match m.load_adapters_from {
+        Some(dir) if !learned => {
+            return Err(invalid(
+                format!("{path}.load_adapters_from"),
+                &dir,
+                "only for a model without a name (whose adapters are learned)",
+            ))
+        }
+        Some(dir) if !Path::new(&dir).is_dir() => {
+            return Err(invalid(
+                format!("{path}.load_adapters_from"),
+                &dir,
+                "not a directory",
+            ))
+        }
+        dir => dir.map(PathBuf::from),
+    };
     if learned && m.aliases.as_ref().is_some_and(|a| !a.is_empty()) {
         return Err(invalid(
             format!("{path}.aliases"),
@@ -205,6 +229,7 @@ fn validate_model(
         name,
         learned,
         aliases: m.aliases.unwrap_or_default(),
+        load_adapters_from,
         backends,
         limits,
         policy,

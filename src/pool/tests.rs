@@ -19,6 +19,7 @@ fn model(name: &str, n: u16) -> ModelConfig {
         name: name.into(),
         aliases: Vec::new(),
         learned: false,
+        load_adapters_from: None,
         backends: (0..n)
             .map(|i| BackendConfig {
                 target: Target::Addr(addr(i)),

@@ -14,7 +14,7 @@ use super::{stored, Gateway};
 use crate::aliases::Aliases;
 use crate::auth::jwt::Verifier;
 use crate::auth::Reason;
-use crate::catalog::{Catalog, Learn};
+use crate::catalog::{Catalog, Learn, Loader};
 use crate::config::{GatewayConfig, JwksSource};
 use crate::discovery::{AtStart, Discovery};
 use crate::metrics;
@@ -89,13 +89,22 @@ impl Gateway {
         let learned = learned.map(|m| pools[&m.name].clone()).collect();
         let configured = config.models.iter().filter(|m| !m.learned);
         let configured = configured.map(|m| m.name.clone()).collect();
-        let catalog = Arc::new(Catalog::new(learned, configured));
+        let dirs = config.models.iter().filter(|m| m.learned);
+        let dirs = dirs.map(|m| m.load_adapters_from.clone()).collect();
+        let catalog = Arc::new(Catalog::new(learned, configured).with_adapter_dirs(dirs));
+        let options = tls::trusting(ConnectorOptions::new(0), config.upstream_ca_file.as_deref());
+        let loader = Loader::new(
+            Connector::new(Some(options)),
+            upstream::authorization(config.upstream_api_key.as_deref()),
+            config.queue_timeout,
+        );
         let gateway = Gateway {
             traces,
             config: Arc::new(config),
             pools,
             aliases,
             catalog,
+            loader,
             jwt,
             owners,
             lookup,

@@ -58,7 +58,7 @@ use pingora::ErrorType;
 use crate::admission::load_report;
 use crate::aliases::Aliases;
 use crate::auth::{self, jwt::Verifier, Reason};
-use crate::catalog::Catalog;
+use crate::catalog::{Catalog, Loader};
 use crate::config::GatewayConfig;
 use crate::errors::{self, ApiError, Shape};
 use crate::failover::{self, Failure};
@@ -83,6 +83,8 @@ pub struct Gateway {
     aliases: Aliases,
     /// The models the learned pools' backends list.
     catalog: Arc<Catalog>,
+    /// Loads adapters on demand.
+    loader: Loader,
     /// JWT verification, when `auth.jwt` is configured.
     jwt: Option<Verifier>,
     /// Which backend stored each Responses API response, for every model.

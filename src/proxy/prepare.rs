@@ -5,8 +5,10 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Instant;
 
 use bytes::Bytes;
+use http::HeaderValue;
 use pingora::proxy::Session;
 
 use super::ctx::{Phase, Routed};
@@ -14,7 +16,7 @@ use super::respond::{until_client_leaves, Stop};
 use super::{admit, body_reader, headers, tenant, Gateway, RequestCtx};
 use crate::accounting::Tracker;
 use crate::api::{Api, BodyFormat};
-use crate::body;
+use crate::body::{self, Prompt};
 use crate::errors::ApiError;
 use crate::pool::ModelPool;
 use crate::routing::{chain, Routable};
@@ -70,11 +72,20 @@ impl Gateway {
             }
         }
         .map_err(|e| ApiError::BadRequest(e.to_string()))?;
+        let resolved = match self.pool_for(ctx, &facts.model) {
+            Err(ApiError::UnknownModel(_)) if self.catalog.loadable(&facts.model).is_some() => {
+                let request = (cache_key.clone(), api, &facts.prompt);
+                let load = self.load_adapter(&facts.model, request);
+                until_client_leaves(session, load).await??;
+                self.pool_for(ctx, &facts.model)
+            }
+            resolved => resolved,
+        };
         let Resolved {
             pool,
             renamed,
             only,
-        } = self.pool_for(ctx, &facts.model)?;
+        } = resolved?;
         // A turn that continues a stored response goes where it is stored.
         let continues = (described.continues_stored)
             .then(|| {
@@ -147,6 +158,38 @@ impl Gateway {
             renamed: true,
             ..Resolved::named(self.pools[alias.served].clone())
         })
+    }
+
+    /// Load adapter `name` (which a pool's adapter directory holds) on the
+    /// backend routing picks for `request` (its key, API and prompt).
+    async fn load_adapter(
+        &self,
+        name: &str,
+        (cache_key, api, prompt): (Option<HeaderValue>, Api, &Prompt<'_>),
+    ) -> Result<(), ApiError> {
+        let Some((i, pool, path)) = self.catalog.loadable(name) else {
+            return Err(ApiError::UnknownModel(name.to_string()));
+        };
+        let input = pool.routing.input(cache_key, false, api, prompt);
+        let members = pool.members();
+        let plan = (members.route(&pool.routing, &input, Instant::now()))
+            .map_err(|_| ApiError::BadGateway(format!("no backend to load adapter `{name}` on")))?;
+        let addr = plan.first().addr;
+        let loaded = (self.loader)
+            .load(&self.catalog, i, (addr, members.peer(addr)), name, &path)
+            .await;
+        let result = match loaded {
+            Ok(false) => return Ok(()), // another request loaded it
+            Ok(true) => "loaded",
+            Err(_) => "failed",
+        };
+        let backend = members
+            .series(&addr)
+            .map_or(addr.to_string(), |s| s.label.clone());
+        crate::metrics::ADAPTER_LOADS
+            .with_label_values(&[&pool.name, &backend, result])
+            .inc();
+        loaded.map(drop).map_err(ApiError::BadGateway)
     }
 
     /// The request is for `pool`: counted under its model from now on, and

@@ -73,7 +73,7 @@ impl Lookup {
 
 /// One backend's answer; anything but 200 or 404 is a failure.
 async fn ask(connector: &Connector, peer: &HttpPeer, request: RequestHeader) -> Answer {
-    let Some(mut session) = upstream::send(connector, peer, request).await else {
+    let Some(mut session) = upstream::send(connector, peer, request, None).await else {
         return Answer::Failed;
     };
     match session.response_header().map(|h| h.status.as_u16()) {

@@ -190,6 +190,18 @@ fn errors_name_the_field_and_value() {
             "gateway.models[1].aliases[1] = \"m\": is the name of a model",
         ),
         (
+            "gateway:\n  models: [{name: m, address: \"127.0.0.1:1\", load_adapters_from: /}]\n",
+            "gateway.models[0].load_adapters_from = \"/\": only for a model without a name (whose adapters are learned)",
+        ),
+        (
+            "gateway:\n  models: [{address: \"127.0.0.1:1\", load_adapters_from: /nonexistent/lora}]\n",
+            "gateway.models[0].load_adapters_from = \"/nonexistent/lora\": not a directory",
+        ),
+        (
+            "gateway:\n  models: [{address: \"127.0.0.1:1\", aliases: [x]}]\n",
+            "gateway.models[0].aliases = \"models[0]\": a model whose names are learned has no name to alias",
+        ),
+        (
             "gateway:\n  models: [{name: m, address: \"127.0.0.1:1\", aliases: [gpt-5]}, {name: n, address: \"127.0.0.1:2\", aliases: [gpt-5]}]\n",
             "gateway.models[1].aliases[0] = \"gpt-5\": duplicate alias",
         ),
