@@ -75,7 +75,10 @@ impl Gateway {
         let resolved = match self.pool_for(ctx, &facts.model) {
             Err(ApiError::UnknownModel(_)) if self.catalog.loadable(&facts.model).is_some() => {
                 let request = (cache_key.clone(), api, &facts.prompt);
-                let load = self.load_adapter(&facts.model, request);
+                // Boxed: a load's state (a client session to the backend)
+                // would otherwise enlarge every request's future, which
+                // Pingora moves into a box of its own.
+                let load = Box::pin(self.load_adapter(&facts.model, request));
                 until_client_leaves(session, load).await??;
                 self.pool_for(ctx, &facts.model)
             }
