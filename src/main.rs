@@ -62,6 +62,17 @@ fn run(opt: Opt) -> Result<(), StartError> {
         }
     }
     if test_only {
+        if let Some(check) = services::check_learned(&config, resolved).map_err(&refused)? {
+            for backend in &check.silent {
+                eprintln!("poimen-gateway: {path}: {backend} did not list its models: not checked");
+            }
+            if let Some(clash) = check.clashes.first() {
+                return Err(refused(format!(
+                    "{clash}, a name the configuration gives a model: \
+                     remove one (the configured model would serve it)"
+                )));
+            }
+        }
         if let Some((verifier, _)) = &jwt {
             println!("poimen-gateway: {path}: JWKS: {} keys", verifier.keys());
         }

@@ -7,11 +7,14 @@ use pingora::proxy::ProxyServiceBuilder;
 use pingora::server::Server;
 use pingora::services::background::background_service;
 
+use std::time::Duration;
+
 use crate::auth::fetch::Refresher;
 use crate::auth::jwt::Verifier;
+use crate::catalog::Check;
 use crate::config::GatewayConfig;
 use crate::discovery::AtStart;
-use crate::proxy::Gateway;
+use crate::proxy::{self, Gateway};
 use crate::tls;
 use crate::trace::Traces;
 
@@ -62,4 +65,20 @@ pub fn add(
         server.add_service(background_service("learned models", learn));
     }
     traces
+}
+
+/// The longest `-t` waits for a learned pool's backend to list its models.
+const CHECK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What `-t` finds asking the learned pools' backends for their models,
+/// if any pool is learned.
+pub fn check_learned(config: &GatewayConfig, resolved: AtStart) -> Result<Option<Check>, String> {
+    let Some(learn) = proxy::learn_check(config, resolved, CHECK_TIMEOUT) else {
+        return Ok(None);
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    Ok(Some(runtime.block_on(learn.check())))
 }

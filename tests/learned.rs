@@ -5,6 +5,7 @@ use std::collections::HashSet;
 
 use serde_json::{json, Value};
 
+use crate::support::gateway::check_config;
 use crate::support::sim::Sim;
 use crate::support::{client, eventually, get, header, FakeBackend, Gateway};
 
@@ -225,4 +226,36 @@ async fn an_adapter_in_the_directory_is_loaded_once_where_routing_picks() {
             .await,
         1.0
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn check_refuses_a_name_both_configured_and_learned() {
+    let sim = Sim::start("qwen", &["--lora-modules", "sql=/a/sql"]);
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let config = |name: &str| {
+        format!(
+            "gateway:\n  models:\n    - {{name: {name}, address: \"127.0.0.1:1\"}}\n    \
+             - addresses: [\"{}\", \"{}\"]\n",
+            sim.addr,
+            silent.local_addr().unwrap()
+        )
+    };
+    let run = |name: &str| {
+        let out = check_config(&config(name));
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        (out.status.success(), text(&out.stdout), text(&out.stderr))
+    };
+    let (ok, _, stderr) = run("sql");
+    assert!(!ok, "a configured name a backend also lists passed");
+    let clash = format!("models[1]: backend {} serves \"sql\"", sim.addr);
+    assert!(stderr.contains(&clash), "{stderr}");
+
+    // A backend that does not answer is named, and does not fail the check.
+    let (ok, stdout, stderr) = run("other");
+    assert!(ok && stdout.contains("configuration OK"), "{stderr}");
+    let silent = format!(
+        "backend {} did not list its models",
+        silent.local_addr().unwrap()
+    );
+    assert!(stderr.contains(&silent), "{stderr}");
 }

@@ -2,6 +2,7 @@
 //! backends for their model list, at start and then every `every` (each
 //! answer within `every`), and hands the answers to the [`Catalog`].
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,6 +16,7 @@ use tokio::task::JoinSet;
 
 use super::{cards, Card, Catalog};
 use crate::metrics;
+use crate::pool::ModelPool;
 use crate::upstream;
 
 /// The most of a model list read: thousands of adapters fit.
@@ -50,28 +52,17 @@ impl Learn {
     pub async fn round(&self) {
         for (i, pool) in self.catalog.pools().iter().enumerate() {
             let members = pool.members();
-            let mut asks = JoinSet::new();
-            for &addr in members.addrs() {
-                let (connector, peer) = (self.connector.clone(), members.peer(addr));
-                let request = upstream::get("/v1/models", addr, self.authorization.as_ref());
-                let every = self.every;
-                asks.spawn(async move {
-                    let ask = async { list(&connector, &peer, request?).await };
-                    (addr, tokio::time::timeout(every, ask).await.ok().flatten())
-                });
-            }
-            let mut answers = Vec::new();
-            while let Some(Ok((addr, answer))) = asks.join_next().await {
-                if let Some(series) = members.series(&addr) {
+            let answers = self.ask(pool).await;
+            for (addr, answer) in &answers {
+                if let Some(series) = members.series(addr) {
                     let labels = [pool.name.as_str(), series.label.as_str()];
-                    match &answer {
+                    match answer {
                         Some(cards) => metrics::LEARNED_MODELS
                             .with_label_values(&labels)
                             .set(cards.len() as i64),
                         None => metrics::LEARN_FAILURES.with_label_values(&labels).inc(),
                     }
                 }
-                answers.push((addr, answer));
             }
             let changes = self.catalog.update(i, members.addrs(), answers);
             for name in changes.added {
@@ -82,6 +73,56 @@ impl Learn {
             }
         }
     }
+
+    /// What `-t` says of the learned pools, asking each backend once: the
+    /// names a backend lists that the configuration also gives a model (at
+    /// run time the configured model serves them), and the backends that
+    /// did not answer.
+    pub async fn check(&self) -> Check {
+        let mut check = Check::default();
+        for pool in self.catalog.pools() {
+            for (addr, answer) in self.ask(pool).await {
+                let at = format!("{}: backend {addr}", pool.name);
+                match answer {
+                    None => check.silent.push(at),
+                    Some(cards) => check.clashes.extend(
+                        (cards.into_iter())
+                            .filter(|c| self.catalog.is_configured(&c.id))
+                            .map(|c| format!("{at} serves {:?}", c.id)),
+                    ),
+                }
+            }
+        }
+        check
+    }
+
+    /// Every backend of `pool` asked at once, each answer within `every`.
+    async fn ask(&self, pool: &ModelPool) -> Vec<(SocketAddr, Option<Vec<Card>>)> {
+        let members = pool.members();
+        let mut asks = JoinSet::new();
+        for &addr in members.addrs() {
+            let (connector, peer) = (self.connector.clone(), members.peer(addr));
+            let request = upstream::get("/v1/models", addr, self.authorization.as_ref());
+            let every = self.every;
+            asks.spawn(async move {
+                let ask = async { list(&connector, &peer, request?).await };
+                (addr, tokio::time::timeout(every, ask).await.ok().flatten())
+            });
+        }
+        let mut answers = Vec::new();
+        while let Some(Ok(answer)) = asks.join_next().await {
+            answers.push(answer);
+        }
+        answers.sort_by_key(|(addr, _)| *addr);
+        answers
+    }
+}
+
+/// [`Learn::check`]'s findings, each naming the pool and backend.
+#[derive(Debug, Default)]
+pub struct Check {
+    pub clashes: Vec<String>,
+    pub silent: Vec<String>,
 }
 
 /// A backend's model list; None when it failed or is not one.

@@ -3,8 +3,8 @@
 //! LoRA adapter, asked every `discovery.refresh_secs` by `learn.rs`). A name
 //! is routed only to the backends that list it; a backend that does not
 //! answer keeps its last answer; a name no backend lists any more is gone
-//! after the next round. A configured model's name wins over a learned one,
-//! and of two learned pools listing a name, the first in the file serves it.
+//! after the next round. A configured model's name wins over a learned one
+//! (`-t` refuses the clashes it finds, [`Learn::check`]), and of two learned pools listing a name, the first in the file serves it.
 
 mod learn;
 mod load;
@@ -18,7 +18,7 @@ use arc_swap::ArcSwap;
 use serde::Deserialize;
 
 use crate::pool::ModelPool;
-pub use learn::Learn;
+pub use learn::{Check, Learn};
 pub use load::{adapter_path, Loader};
 
 /// One entry of a backend's model list, as vLLM writes it.
@@ -94,6 +94,11 @@ impl<P> Catalog<P> {
 
     pub fn pools(&self) -> &[Arc<P>] {
         &self.pools
+    }
+
+    /// The configuration gives a model this name.
+    pub fn is_configured(&self, name: &str) -> bool {
+        self.configured.contains(name)
     }
 
     /// The first pool whose adapter directory holds adapter `name`: its

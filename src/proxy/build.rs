@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use pingora::connectors::http::Connector;
 use pingora::connectors::ConnectorOptions;
@@ -34,25 +34,11 @@ impl Gateway {
         jwt: Option<Verifier>,
         resolved: AtStart,
     ) -> (Self, Vec<(String, HealthCheckService)>) {
-        let mut services = Vec::new();
-        let mut pools = HashMap::new();
         let owners = Arc::new(Owners::new(
             owners::DEFAULT_MAX_ENTRIES,
             owners::DEFAULT_MAX_AGE,
         ));
-        for (m, (_, entries)) in config.models.iter().zip(resolved.models) {
-            let discovery = Discovery::new(&m.name, &config.discovery, entries);
-            let (pool, health) = ModelPool::new(
-                m,
-                discovery,
-                config.failure_exclusion,
-                config.health_check.as_ref(),
-                config.upstream_ca_file.as_deref(),
-                owners.clone(),
-            );
-            services.extend(health.map(|h| (format!("health check {}", m.name), h)));
-            pools.insert(m.name.clone(), Arc::new(pool));
-        }
+        let (pools, services) = pools(&config, resolved, &owners);
         let started = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
@@ -85,13 +71,7 @@ impl Gateway {
             .expect("the configuration refuses a tenant named `other`");
         let traces = config.tracing.clone().map(Traces::new);
         let aliases = Aliases::new(&config.models);
-        let learned = config.models.iter().filter(|m| m.learned);
-        let learned = learned.map(|m| pools[&m.name].clone()).collect();
-        let configured = config.models.iter().filter(|m| !m.learned);
-        let configured = configured.map(|m| m.name.clone()).collect();
-        let dirs = config.models.iter().filter(|m| m.learned);
-        let dirs = dirs.map(|m| m.load_adapters_from.clone()).collect();
-        let catalog = Arc::new(Catalog::new(learned, configured).with_adapter_dirs(dirs));
+        let catalog = Arc::new(catalog(&config, &pools));
         let options = tls::trusting(ConnectorOptions::new(0), config.upstream_ca_file.as_deref());
         let loader = Loader::new(
             Connector::new(Some(options)),
@@ -123,16 +103,11 @@ impl Gateway {
     /// The service that learns the models of the pools configured without
     /// a name, if any is.
     pub fn learn_service(&self) -> Option<Learn> {
-        let options = tls::trusting(
-            ConnectorOptions::new(0),
-            self.config.upstream_ca_file.as_deref(),
-        );
-        (!self.catalog.pools().is_empty()).then(|| Learn {
-            catalog: self.catalog.clone(),
-            connector: Arc::new(Connector::new(Some(options))),
-            authorization: upstream::authorization(self.config.upstream_api_key.as_deref()),
-            every: self.config.discovery.refresh,
-        })
+        learn(
+            &self.config,
+            self.catalog.clone(),
+            self.config.discovery.refresh,
+        )
     }
 
     /// The service that re-resolves the models' DNS names, if any has one.
@@ -149,4 +124,63 @@ impl Gateway {
             every: self.config.discovery.refresh,
         })
     }
+}
+
+/// The learned pools' model-list service alone, for `-t` (no proxy, tracer
+/// or tenants): each backend's answer within `timeout`.
+pub fn learn_check(config: &GatewayConfig, resolved: AtStart, timeout: Duration) -> Option<Learn> {
+    let owners = Arc::new(Owners::new(1, owners::DEFAULT_MAX_AGE));
+    let (pools, _) = pools(config, resolved, &owners);
+    learn(config, Arc::new(catalog(config, &pools)), timeout)
+}
+
+/// The pools by model name.
+type Pools = HashMap<String, Arc<ModelPool>>;
+
+/// A pool per model over the backends resolved at start, and the
+/// health-check services to run beside them.
+fn pools(
+    config: &GatewayConfig,
+    resolved: AtStart,
+    owners: &Arc<Owners>,
+) -> (Pools, Vec<(String, HealthCheckService)>) {
+    let mut services = Vec::new();
+    let mut pools = HashMap::new();
+    for (m, (_, entries)) in config.models.iter().zip(resolved.models) {
+        let discovery = Discovery::new(&m.name, &config.discovery, entries);
+        let (pool, health) = ModelPool::new(
+            m,
+            discovery,
+            config.failure_exclusion,
+            config.health_check.as_ref(),
+            config.upstream_ca_file.as_deref(),
+            owners.clone(),
+        );
+        services.extend(health.map(|h| (format!("health check {}", m.name), h)));
+        pools.insert(m.name.clone(), Arc::new(pool));
+    }
+    (pools, services)
+}
+
+/// The learned pools, in configuration order, beside the configured names.
+fn catalog(config: &GatewayConfig, pools: &Pools) -> Catalog {
+    let learned = config.models.iter().filter(|m| m.learned);
+    let learned = learned.map(|m| pools[&m.name].clone()).collect();
+    let configured = config.models.iter().filter(|m| !m.learned);
+    let configured = configured.map(|m| m.name.clone()).collect();
+    let dirs = config.models.iter().filter(|m| m.learned);
+    let dirs = dirs.map(|m| m.load_adapters_from.clone()).collect();
+    Catalog::new(learned, configured).with_adapter_dirs(dirs)
+}
+
+/// The service that learns `catalog`'s pools' models, if it has any, each
+/// answer within `every`.
+fn learn(config: &GatewayConfig, catalog: Arc<Catalog>, every: Duration) -> Option<Learn> {
+    let options = tls::trusting(ConnectorOptions::new(0), config.upstream_ca_file.as_deref());
+    (!catalog.pools().is_empty()).then(|| Learn {
+        catalog,
+        connector: Arc::new(Connector::new(Some(options))),
+        authorization: upstream::authorization(config.upstream_api_key.as_deref()),
+        every,
+    })
 }

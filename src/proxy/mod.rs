@@ -67,6 +67,7 @@ use crate::pool::ModelPool;
 use crate::routing::Owners;
 use crate::tenants::Tenants;
 use crate::trace::Traces;
+pub use build::learn_check;
 pub use ctx::RequestCtx;
 use ctx::{Attempt, Phase, Routed};
 use endpoints::Endpoint;
