@@ -10,11 +10,14 @@ Builds the tiny random Llama (make_model.py) and two random PEFT LoRA adapters
 on loopback with `--enable-lora --max-lora-rank 8 --max-loras 2 --lora-modules
 sql=PATH` and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True (plus run.py's CPU flags
 and env), then records raw answers: GET /v1/models, load/unload, chat with
-the adapter, an unknown model. With --gateway BIN it also starts the gateway
-with a learned pool in front of that server (load_adapters_from: the
-adapters' directory): the models it lists, a chat with the static adapter,
-and one with `chat` (unloaded by then), which the gateway loads on demand. Prints one JSON object (and
-writes it to --out); every process it started is stopped at the end.
+the adapter, an unknown model. With --gateway BIN it also starts a SECOND
+server (same model, LoRA enabled, no adapter) and the gateway with a learned
+pool over both (load_adapters_from: the adapters' directory): the models it
+lists, which server answers the static adapter `sql` (only the first has it)
+and the base model (both), and `chat` (unloaded by then), which the gateway
+loads on demand on one server and routes there from then on. Prints one JSON
+object (and writes it to --out); every process it started is stopped at the
+end.
 """
 
 from __future__ import annotations
@@ -62,8 +65,18 @@ def req(port: int, method: str, path: str, body: dict | None = None, timeout: fl
         parsed = json.loads(text)
     except ValueError:
         parsed = None
-    return {"status": status, "content_type": headers.get("content-type") or headers.get("Content-Type"),
+    low = {k.lower(): v for k, v in headers.items()}
+    return {"status": status, "content_type": low.get("content-type"), "backend": low.get("x-poimen-backend"),
             "body": text, "json": parsed}
+
+
+def backends(port: int, model: str, msgs: list, n: int) -> list:
+    """The status and answering backend of `n` chats for `model` through the gateway."""
+    out = []
+    for _ in range(n):
+        r = req(port, "POST", "/v1/chat/completions", {"model": model, "messages": msgs, "max_tokens": 2})
+        out.append([r["status"], r["backend"], (r["json"] or {}).get("model")])
+    return out
 
 
 def main() -> int:
@@ -96,6 +109,11 @@ def main() -> int:
         res["argv"] = " ".join(argv[1:])
         res["paths"] = {"model": str(model_dir), "sql": str(sql), "chat": str(chat)}
         srv = procs.start("vllm", argv, env=env)
+        if a.gateway:
+            # The second server, started beside the first: LoRA on, no adapter.
+            port2 = C.free_port()
+            argv2 = R.vllm_argv(va, model_dir, port2) + ["--enable-lora", "--max-lora-rank", "8", "--max-loras", "2"]
+            srv2 = procs.start("vllm2", argv2, env=env)
         t0 = time.monotonic()
         try:
             R.wait_health(port, srv, a.startup_timeout, "vllm")
@@ -149,11 +167,13 @@ def main() -> int:
             res["chat_after_unload"] = req(p, "POST", "/v1/chat/completions",
                                            {"model": "chat", "messages": msgs, "max_tokens": 2})
             if a.gateway:
+                R.wait_health(port2, srv2, a.startup_timeout, "vllm2")
+                res["servers"] = {"vllm (has sql)": f"127.0.0.1:{port}", "vllm2 (no adapter)": f"127.0.0.1:{port2}"}
                 gl, gm = C.free_port(), C.free_port()
                 cfg = wd / "gw.yaml"
                 cfg.write_text(f"gateway:\n  listen: 127.0.0.1:{gl}\n  metrics_listen: 127.0.0.1:{gm}\n"
                                f"  discovery: {{refresh_secs: 0.5}}\n  models:\n"
-                               f"    - addresses: [\"127.0.0.1:{port}\"]\n"
+                               f"    - addresses: [\"127.0.0.1:{port}\", \"127.0.0.1:{port2}\"]\n"
                                f"      load_adapters_from: \"{wd / 'adapters'}\"\n")
                 res["gateway_config"] = cfg.read_text()
                 gw = procs.start("gateway", [str(a.gateway), "-c", str(cfg)])
@@ -163,12 +183,20 @@ def main() -> int:
                     res["gw_models"] = req(gl, "GET", "/v1/models")
                     res["gw_chat_sql"] = req(gl, "POST", "/v1/chat/completions",
                                              {"model": "sql", "messages": msgs, "max_tokens": 8})
+                    res["gw_sql_backends"] = backends(gl, "sql", msgs, 6)
+                    res["gw_base_backends"] = backends(gl, "tiny", msgs, 6)
                     # `chat` was unloaded above: the gateway loads it on demand.
                     res["gw_chat_loaded_on_demand"] = req(gl, "POST", "/v1/chat/completions",
                                                           {"model": "chat", "messages": msgs, "max_tokens": 8})
+                    res["gw_chat_backends"] = backends(gl, "chat", msgs, 6)
                     time.sleep(1)
                     res["gw_models_after_load"] = req(gl, "GET", "/v1/models")
                     res["vllm_models_after_gw_load"] = req(p, "GET", "/v1/models")
+                    res["vllm2_models_after_gw_load"] = req(port2, "GET", "/v1/models")
+                    metrics = urllib.request.urlopen(f"http://127.0.0.1:{gm}/metrics", timeout=10).read().decode()
+                    res["gw_metrics"] = [ln for ln in metrics.splitlines()
+                                         if ln.startswith(("poimen_gateway_adapter_loads_total",
+                                                           "poimen_gateway_learned_models"))]
                 except Exception as e:  # noqa: BLE001
                     res["gateway_error"] = f"{type(e).__name__}: {e}"
                     res["gateway_log"] = (wd / "gateway.log").read_text(errors="replace").splitlines()[-30:]
