@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use log::warn;
 use pingora::http::RequestHeader;
+use prometheus::IntGauge;
 
 use super::Gateway;
 use crate::accounting::Usage;
@@ -22,6 +23,7 @@ const MAX_HEADER_NAME_BYTES: usize = 256;
 pub struct Held {
     tenant: Arc<Tenant>,
     budget: Option<InFlight>,
+    gauge: IntGauge,
 }
 
 impl Held {
@@ -35,7 +37,7 @@ impl Held {
         if let Some(budget) = self.budget.take() {
             let tokens = usage.prompt_tokens.unwrap_or(0) + usage.completion_tokens.unwrap_or(0);
             budget.charge(tokens, Instant::now());
-            self.tenant.series().in_flight().dec();
+            self.gauge.dec();
         }
     }
 }
@@ -43,7 +45,7 @@ impl Held {
 impl Drop for Held {
     fn drop(&mut self) {
         if self.budget.take().is_some() {
-            self.tenant.series().in_flight().dec();
+            self.gauge.dec();
         }
     }
 }
@@ -88,10 +90,12 @@ impl Gateway {
                 retry_after: refusal.retry_after,
             }
         })?;
-        tenant.series().in_flight().inc();
+        let gauge = metrics::TENANT_IN_FLIGHT.with_label_values(&[tenant.label()]);
+        gauge.inc();
         Ok(Held {
             tenant: tenant.clone(),
             budget: Some(budget),
+            gauge,
         })
     }
 }

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use super::bucket::Bucket;
 use super::{Budget, Limit, Refusal, IN_FLIGHT_RETRY};
-use crate::{admission, metrics};
+use crate::admission;
 
 #[derive(Debug)]
 pub struct Tenant {
@@ -14,7 +14,6 @@ pub struct Tenant {
     /// Who it is to each backend's fair admission, with its weight.
     share: admission::Share,
     state: Mutex<State>,
-    series: metrics::TenantSeries,
 }
 
 #[derive(Debug)]
@@ -34,7 +33,6 @@ impl Tenant {
         };
         Arc::new(Tenant {
             share: admission::Share::new(label.clone(), weight),
-            series: metrics::TenantSeries::new(label.clone()),
             label,
             limits,
             state: Mutex::new(state),
@@ -50,11 +48,6 @@ impl Tenant {
     /// The label, shared (a trace's attribute holds it).
     pub fn shared_label(&self) -> Arc<str> {
         self.label.clone()
-    }
-
-    /// Its metric series.
-    pub fn series(&self) -> &metrics::TenantSeries {
-        &self.series
     }
 
     /// The tenant as each backend's fair admission knows it.
