@@ -4,7 +4,8 @@
 //! is routed only to the backends that list it; a backend that does not
 //! answer keeps its last answer; a name no backend lists any more is gone
 //! after the next round. A configured model's name wins over a learned one
-//! (`-t` refuses the clashes it finds, [`Learn::check`]), and of two learned pools listing a name, the first in the file serves it.
+//! (`-t` refuses the clashes it finds, [`Learn::check`]), and of two learned
+//! pools listing a name, the first in the file serves it.
 
 mod learn;
 mod load;
