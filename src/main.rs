@@ -12,6 +12,10 @@ use poimen_gateway::auth::fetch;
 use poimen_gateway::config::GatewayConfig;
 use poimen_gateway::{discovery, logging, services};
 
+// See Cargo.toml for why this allocator.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     // `route` is ours; any other command line is Pingora's, which would
     // refuse the word.

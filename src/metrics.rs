@@ -6,7 +6,7 @@
 //! paths or anything else a client sends, so series stay bounded.
 
 use std::net::SocketAddr;
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{Arc, LazyLock, Mutex, OnceLock};
 use std::time::Instant;
 
 use http::HeaderValue;
@@ -406,7 +406,15 @@ pub struct BackendSeries {
     pub usage_missing: IntCounter,
     /// With a prefix index only.
     pub expected_tokens: Option<IntCounter>,
+    /// `poimen_gateway_requests_total` of this model and backend with code
+    /// 200, by route (`routing::Route` as a number), each found when first
+    /// counted.
+    answered: [OnceLock<IntCounter>; ROUTES],
+    model: String,
 }
+
+/// How many routes `routing::Route` has.
+pub const ROUTES: usize = 8;
 
 impl BackendSeries {
     /// The series of backend `addr` of `model`; `indexed`: the model keeps
@@ -422,8 +430,145 @@ impl BackendSeries {
             hit_tokens: PREFIX_CACHE_HIT_TOKENS.with_label_values(&labels),
             prompt_tokens: PROMPT_TOKENS.with_label_values(&labels),
             usage_missing: USAGE_MISSING.with_label_values(&labels),
+            answered: Default::default(),
+            model: model.to_string(),
             label,
         }
+    }
+
+    /// Count a request of `model` that this backend answered, chosen by
+    /// `route` (its number and name); a 200 of the backend's own model is
+    /// counted without a lookup.
+    pub fn count_request(&self, model: &str, route: (usize, &str), code: &str) {
+        let labels = [model, self.label.as_str(), route.1, code];
+        let kept = (code == "200" && model == self.model).then(|| self.answered.get(route.0));
+        count_on(kept.flatten(), &REQUESTS, &labels, IntCounter::inc);
+    }
+}
+
+/// Count on the series of `labels` in `vec`: the one `kept` (found at its
+/// first use), or looked up now when nothing keeps it.
+fn count_on(
+    kept: Option<&OnceLock<IntCounter>>,
+    vec: &IntCounterVec,
+    labels: &[&str],
+    count: impl FnOnce(&IntCounter),
+) {
+    match kept {
+        Some(kept) => count(kept.get_or_init(|| vec.with_label_values(labels))),
+        None => count(&vec.with_label_values(labels)),
+    }
+}
+
+/// A tenant's per-request series, each found in its metric when first
+/// used and kept: a request then counts without hashing label values or
+/// taking the metric's lock. Kept for up to [`MAX_KEPT_MODELS`] models (a
+/// learned pool may serve thousands of adapter names); the rest are looked
+/// up as they come.
+#[derive(Debug)]
+pub struct TenantSeries {
+    label: Arc<str>,
+    in_flight: OnceLock<IntGauge>,
+    models: Mutex<Vec<(Box<str>, Arc<KeptModel>)>>,
+}
+
+/// The models a tenant's series are kept for.
+const MAX_KEPT_MODELS: usize = 16;
+
+#[derive(Debug, Default)]
+struct KeptModel {
+    answered: OnceLock<IntCounter>,
+    /// prompt, cached, completion.
+    tokens: [OnceLock<IntCounter>; 3],
+}
+
+/// A kind of token `poimen_gateway_tenant_tokens_total` counts.
+#[derive(Debug, Clone, Copy)]
+pub enum TokenKind {
+    Prompt,
+    Cached,
+    Completion,
+}
+
+impl TokenKind {
+    fn as_str(self) -> &'static str {
+        match self {
+            TokenKind::Prompt => "prompt",
+            TokenKind::Cached => "cached",
+            TokenKind::Completion => "completion",
+        }
+    }
+}
+
+impl TenantSeries {
+    pub fn new(label: Arc<str>) -> Self {
+        TenantSeries {
+            label,
+            in_flight: OnceLock::new(),
+            models: Mutex::default(),
+        }
+    }
+
+    /// `poimen_gateway_tenant_in_flight` of the tenant.
+    pub fn in_flight(&self) -> &IntGauge {
+        (self.in_flight).get_or_init(|| TENANT_IN_FLIGHT.with_label_values(&[&*self.label]))
+    }
+
+    /// The tenant's series of `model`.
+    pub fn of_model<'a>(&'a self, model: &'a str) -> OfModel<'a> {
+        let mut models = self.models.lock().unwrap_or_else(|e| e.into_inner());
+        let kept = match models.iter().find(|(m, _)| &**m == model) {
+            Some((_, kept)) => Some(kept.clone()),
+            None if models.len() < MAX_KEPT_MODELS => {
+                let kept = Arc::new(KeptModel::default());
+                models.push((model.into(), kept.clone()));
+                Some(kept)
+            }
+            None => None,
+        };
+        OfModel {
+            tenant: &self.label,
+            model,
+            kept,
+        }
+    }
+}
+
+/// One tenant's series of one model (see [`TenantSeries::of_model`]); for
+/// a request without a tenant, [`OfModel::untracked`].
+pub struct OfModel<'a> {
+    tenant: &'a str,
+    model: &'a str,
+    kept: Option<Arc<KeptModel>>,
+}
+
+impl<'a> OfModel<'a> {
+    /// The series of `tenant` (its label) and `model`, looked up per count.
+    pub fn untracked(tenant: &'a str, model: &'a str) -> Self {
+        OfModel {
+            tenant,
+            model,
+            kept: None,
+        }
+    }
+
+    /// Count a request answered with `code`; a 200 without a lookup.
+    pub fn count_request(&self, code: &str) {
+        let labels = [self.tenant, self.model, code];
+        let kept = self.kept.as_ref().filter(|_| code == "200");
+        count_on(
+            kept.map(|k| &k.answered),
+            &TENANT_REQUESTS,
+            &labels,
+            IntCounter::inc,
+        );
+    }
+
+    /// Count `n` tokens of `kind`.
+    pub fn count_tokens(&self, kind: TokenKind, n: u64) {
+        let labels = [self.tenant, self.model, kind.as_str()];
+        let kept = self.kept.as_ref().map(|k| &k.tokens[kind as usize]);
+        count_on(kept, &TENANT_TOKENS, &labels, |c| c.inc_by(n));
     }
 }
 
@@ -532,5 +677,55 @@ mod tests {
             undocumented.is_empty() && unregistered.is_empty(),
             "not in docs/accounting-and-metrics.md: {undocumented:?}; documented but not registered: {unregistered:?}"
         );
+    }
+
+    /// The kept series count what a lookup would: the same series, for
+    /// kept and not-kept models, codes and routes alike.
+    #[test]
+    fn kept_series_are_the_metrics_own() {
+        use super::*;
+        let tenant = TenantSeries::new("kept-t".into());
+        let models: Vec<String> = (0..MAX_KEPT_MODELS + 2)
+            .map(|i| format!("kept-m{i}"))
+            .collect();
+        for _ in 0..2 {
+            for model in &models {
+                let series = tenant.of_model(model);
+                series.count_request("200");
+                series.count_request("503");
+                series.count_tokens(TokenKind::Cached, 5);
+            }
+        }
+        tenant.in_flight().inc();
+        for model in [&models[0], &models[MAX_KEPT_MODELS + 1]] {
+            let value = |code| {
+                TENANT_REQUESTS
+                    .with_label_values(&["kept-t", model, code])
+                    .get()
+            };
+            assert_eq!((value("200"), value("503")), (2, 2), "{model}");
+            let tokens = TENANT_TOKENS.with_label_values(&["kept-t", model, "cached"]);
+            assert_eq!(tokens.get(), 10);
+        }
+        assert_eq!(TENANT_IN_FLIGHT.with_label_values(&["kept-t"]).get(), 1);
+
+        let backend = BackendSeries::new("kept-model", &"127.0.0.9:1".parse().unwrap(), false);
+        for (model, code) in [
+            ("kept-model", "200"),
+            ("kept-model", "404"),
+            ("kept-adapter", "200"),
+        ] {
+            backend.count_request(model, (2, "fallback"), code);
+            backend.count_request(model, (ROUTES, "past"), code);
+        }
+        let value = |model, route, code| {
+            REQUESTS
+                .with_label_values(&[model, "127.0.0.9:1", route, code])
+                .get()
+        };
+        assert_eq!(value("kept-model", "fallback", "200"), 1);
+        assert_eq!(value("kept-model", "past", "200"), 1);
+        assert_eq!(value("kept-model", "fallback", "404"), 1);
+        assert_eq!(value("kept-adapter", "fallback", "200"), 1);
     }
 }

@@ -5,7 +5,7 @@ use pingora::proxy::Session;
 
 use super::{Phase, RequestCtx};
 use crate::accounting::Record;
-use crate::metrics;
+use crate::metrics::{self, TokenKind};
 use crate::routing::Observed;
 
 /// Count the request that ends, and log its usage.
@@ -26,14 +26,18 @@ pub(super) fn record(session: &Session, ctx: &RequestCtx) {
     let route = candidate.map_or("none", |c| c.route.as_str());
     let model = ctx.model(pool);
     let duration = ctx.started.elapsed();
-    // The series whose labels vary per request (route, code, tenant).
-    metrics::REQUESTS
-        .with_label_values(&[model, backend, route, status_code])
-        .inc();
+    match (series, candidate) {
+        (Some(s), Some(c)) => s.count_request(model, (c.route as usize, route), status_code),
+        _ => metrics::REQUESTS
+            .with_label_values(&[model, backend, route, status_code])
+            .inc(),
+    }
     let tenant = ctx.tenant.as_ref().map_or("none", |t| t.label());
-    metrics::TENANT_REQUESTS
-        .with_label_values(&[tenant, model, status_code])
-        .inc();
+    let tenant_series = match &ctx.tenant {
+        Some(t) => t.series().of_model(model),
+        None => metrics::OfModel::untracked(tenant, model),
+    };
+    tenant_series.count_request(status_code);
     pool.series.duration.observe(duration.as_secs_f64());
     if let Some(ttfb) = ctx.first_byte {
         pool.series.time_to_first_byte.observe(ttfb.as_secs_f64());
@@ -74,15 +78,13 @@ pub(super) fn record(session: &Session, ctx: &RequestCtx) {
         }
     }
     let kinds = [
-        ("prompt", usage.prompt_tokens),
-        ("cached", usage.cached_tokens),
-        ("completion", usage.completion_tokens),
+        (TokenKind::Prompt, usage.prompt_tokens),
+        (TokenKind::Cached, usage.cached_tokens),
+        (TokenKind::Completion, usage.completion_tokens),
     ];
     for (kind, tokens) in kinds {
         if let Some(n) = tokens {
-            metrics::TENANT_TOKENS
-                .with_label_values(&[tenant, model, kind])
-                .inc_by(n);
+            tenant_series.count_tokens(kind, n);
         }
     }
     // Header values may carry any byte; the log shows UTF-8 as it is.

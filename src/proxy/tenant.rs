@@ -7,7 +7,6 @@ use std::time::Instant;
 
 use log::warn;
 use pingora::http::RequestHeader;
-use prometheus::IntGauge;
 
 use super::Gateway;
 use crate::accounting::Usage;
@@ -23,7 +22,6 @@ const MAX_HEADER_NAME_BYTES: usize = 256;
 pub struct Held {
     tenant: Arc<Tenant>,
     budget: Option<InFlight>,
-    gauge: IntGauge,
 }
 
 impl Held {
@@ -37,7 +35,7 @@ impl Held {
         if let Some(budget) = self.budget.take() {
             let tokens = usage.prompt_tokens.unwrap_or(0) + usage.completion_tokens.unwrap_or(0);
             budget.charge(tokens, Instant::now());
-            self.gauge.dec();
+            self.tenant.series().in_flight().dec();
         }
     }
 }
@@ -45,7 +43,7 @@ impl Held {
 impl Drop for Held {
     fn drop(&mut self) {
         if self.budget.take().is_some() {
-            self.gauge.dec();
+            self.tenant.series().in_flight().dec();
         }
     }
 }
@@ -90,12 +88,10 @@ impl Gateway {
                 retry_after: refusal.retry_after,
             }
         })?;
-        let gauge = metrics::TENANT_IN_FLIGHT.with_label_values(&[tenant.label()]);
-        gauge.inc();
+        tenant.series().in_flight().inc();
         Ok(Held {
             tenant: tenant.clone(),
             budget: Some(budget),
-            gauge,
         })
     }
 }

@@ -103,6 +103,10 @@ pub enum Route {
     Cache,
 }
 
+// Each backend keeps its request counter per route by number
+// (`metrics::BackendSeries`); a route past its count is looked up instead.
+const _: () = assert!(Route::Cache as usize + 1 == crate::metrics::ROUTES);
+
 impl Route {
     pub fn as_str(self) -> &'static str {
         match self {

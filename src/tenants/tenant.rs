@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use super::bucket::Bucket;
 use super::{Budget, Limit, Refusal, IN_FLIGHT_RETRY};
-use crate::admission;
+use crate::{admission, metrics};
 
 #[derive(Debug)]
 pub struct Tenant {
@@ -14,6 +14,7 @@ pub struct Tenant {
     /// Who it is to each backend's fair admission, with its weight.
     share: admission::Share,
     state: Mutex<State>,
+    series: metrics::TenantSeries,
 }
 
 #[derive(Debug)]
@@ -33,6 +34,7 @@ impl Tenant {
         };
         Arc::new(Tenant {
             share: admission::Share::new(label.clone(), weight),
+            series: metrics::TenantSeries::new(label.clone()),
             label,
             limits,
             state: Mutex::new(state),
@@ -48,6 +50,11 @@ impl Tenant {
     /// The label, shared (a trace's attribute holds it).
     pub fn shared_label(&self) -> Arc<str> {
         self.label.clone()
+    }
+
+    /// Its metric series.
+    pub fn series(&self) -> &metrics::TenantSeries {
+        &self.series
     }
 
     /// The tenant as each backend's fair admission knows it.
