@@ -34,8 +34,11 @@ pub async fn read_whole(session: &mut Session, limit: usize) -> Result<Bytes, St
         return Err(too_large());
     }
     // A body that arrives in one piece (the usual request) is kept as it
-    // came, not copied; only a second piece starts a buffer.
-    let mut first: Option<Bytes> = None;
+    // came, not copied. A declared length is read into one buffer of that
+    // size; a chunked body's pieces are kept and joined once at the end, so
+    // no buffer is regrown (and copied) on the way, which would leave the
+    // allocator holding every smaller buffer it outgrew.
+    let mut pieces: Vec<Bytes> = Vec::new();
     let mut buf: Option<BytesMut> = None;
     let mut held = 0;
     loop {
@@ -47,15 +50,15 @@ pub async fn read_whole(session: &mut Session, limit: usize) -> Result<Bytes, St
                 if held > limit {
                     return Err(too_large());
                 }
-                if let Some(buf) = &mut buf {
-                    buf.extend_from_slice(&chunk);
-                } else if let Some(one) = first.take() {
-                    let mut b = BytesMut::with_capacity(declared.unwrap_or(16 * 1024));
-                    b.extend_from_slice(&one);
-                    b.extend_from_slice(&chunk);
-                    buf = Some(b);
-                } else {
-                    first = Some(chunk);
+                match (&mut buf, declared) {
+                    (Some(buf), _) => buf.extend_from_slice(&chunk),
+                    (None, Some(n)) if !pieces.is_empty() => {
+                        let mut b = BytesMut::with_capacity(n);
+                        b.extend_from_slice(&pieces.pop().unwrap_or_default());
+                        b.extend_from_slice(&chunk);
+                        buf = Some(b);
+                    }
+                    (None, _) => pieces.push(chunk),
                 }
             }
             Ok(None) => break,
@@ -69,8 +72,14 @@ pub async fn read_whole(session: &mut Session, limit: usize) -> Result<Bytes, St
             Err(e) => return Err(Stop::ClientGone(e)),
         }
     }
-    Ok(match buf {
-        Some(buf) => buf.freeze(),
-        None => first.unwrap_or_default(),
+    Ok(match (buf, pieces.len()) {
+        (Some(buf), _) => buf.freeze(),
+        (None, 0) => Bytes::new(),
+        (None, 1) => pieces.pop().unwrap_or_default(),
+        (None, _) => {
+            let mut whole = BytesMut::with_capacity(held);
+            pieces.iter().for_each(|p| whole.extend_from_slice(p));
+            whole.freeze()
+        }
     })
 }
