@@ -322,7 +322,8 @@ async fn anthropic_sdk_is_told_overloaded_and_its_retry_waits_for_the_slot() {
     if !sdk_available("anthropic").await {
         return;
     }
-    // 50 ms per token: the holder's stream lasts until the test drops it.
+    // 50 ms per token: the holder's stream (up to 200 s) lasts until the
+    // test drops it, however long Python takes to import the SDK.
     let sim = Sim::start_scaled("m", "1", &["--decode-us-per-token", "50000"]);
     let gw = Gateway::start(&format!(
         "  scheduler: {{max_num_seqs: 1, max_queue_depth: 0}}\n{}",
@@ -331,7 +332,7 @@ async fn anthropic_sdk_is_told_overloaded_and_its_retry_waits_for_the_slot() {
     .await;
     let holder = client()
         .post(gw.url("/v1/messages"))
-        .json(&json!({"model": "m", "max_tokens": 256, "stream": true,
+        .json(&json!({"model": "m", "max_tokens": 4096, "stream": true,
             "messages": [{"role": "user", "content": "hold the slot"}]}))
         .send()
         .await
