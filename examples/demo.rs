@@ -1,8 +1,8 @@
 //! The demo behind `./demo.sh`: three vllm-sim instances, the gateway with
 //! `conf/demo.yaml`, and an agent workload run four times: with
 //! `X-Poimen-Cache-Key` under pure rendezvous and by cost over the prefix
-//! index (the shipped setting), and without a key by cost (shipped) and
-//! under round-robin. Every process it starts is stopped when it ends.
+//! index (the shipped setting), and without a key by cost (shipped), by
+//! cost over the simulators' KV-cache events, and under round-robin. Every process it starts is stopped when it ends.
 //!
 //! Everything listens on a free port the process picks itself (port 0) and
 //! the demo reads back, so that two runs on one machine do not collide.
@@ -76,22 +76,49 @@ fn bin_dir() -> PathBuf {
         .to_path_buf()
 }
 
-/// A vllm-sim on a free port, and the address it reports.
-fn start_sim(bin: &Path) -> (Child, SocketAddr) {
-    let listen = format!("{CLIENT_IP}:0");
+/// The simulators' KV-cache events: the same ports on each one's own
+/// loopback address (`127.0.0.1x`), as vLLM on hosts of their own.
+struct Events {
+    port: u16,
+    replay_port: u16,
+}
+
+/// A port free on each of `ips`.
+fn free_port(ips: &[Ipv4Addr]) -> u16 {
+    loop {
+        let port = std::net::TcpListener::bind((ips[0], 0))
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        if ips
+            .iter()
+            .all(|ip| std::net::TcpListener::bind((*ip, port)).is_ok())
+        {
+            return port;
+        }
+    }
+}
+
+/// A vllm-sim on a free port of `ip`, publishing its KV-cache events, and
+/// the address it reports.
+fn start_sim(bin: &Path, ip: Ipv4Addr, events: &Events) -> (Child, SocketAddr) {
+    let listen = format!("{ip}:0");
+    let (port, replay) = (events.port.to_string(), events.replay_port.to_string());
     launch::start(
         bin,
         &["--listen", &listen, "--model", MODEL, "--time-scale", "0.2"]
             .into_iter()
             .chain(["--kv-cache-tokens", "16384", "--max-num-seqs", "4"])
+            .chain(["--kv-events-port", &port, "--kv-replay-port", &replay])
             .collect::<Vec<_>>(),
     )
 }
 
 /// conf/demo.yaml with this run's addresses: the listeners on port 0, the
 /// model on the simulators, the pid file and upgrade socket in `dir`; and
-/// `routing` set as `mode` says.
-fn write_config(dir: &Path, sims: &[SocketAddr], mode: &Mode) -> PathBuf {
+/// `routing` set as `mode` says, the simulators' `events` followed if it
+/// says so.
+fn write_config(dir: &Path, sims: &[SocketAddr], events: &Events, mode: &Mode) -> PathBuf {
     let demo = concat!(env!("CARGO_MANIFEST_DIR"), "/conf/demo.yaml");
     let text = std::fs::read_to_string(demo).expect("conf/demo.yaml");
     let mut conf: serde_yaml::Value = serde_yaml::from_str(&text).expect("conf/demo.yaml is YAML");
@@ -105,6 +132,17 @@ fn write_config(dir: &Path, sims: &[SocketAddr], mode: &Mode) -> PathBuf {
         .and_then(|models| models.iter_mut().find(|m| m["name"] == MODEL))
         .expect("conf/demo.yaml serves the demo's model");
     model["addresses"] = sims.iter().map(|a| a.to_string()).collect();
+    if mode.events {
+        // The sims' events number each byte of a prompt as a token (the
+        // byte-level model of conf/byte-model), 4 to the sims' own token:
+        // their 16-token blocks are 64 there.
+        let tokenizer = concat!(env!("CARGO_MANIFEST_DIR"), "/conf/byte-model");
+        let kv = format!(
+            "{{port: {}, replay_port: {}, block_size: 64, tokenizer: \"{tokenizer}\"}}",
+            events.port, events.replay_port
+        );
+        model["kv_events"] = serde_yaml::from_str(&kv).unwrap();
+    }
     let routing = gateway["routing"]
         .as_mapping_mut()
         .expect("conf/demo.yaml has a routing section");
@@ -153,32 +191,45 @@ struct Mode {
     title: &'static str,
     keyed: bool,
     routing: &'static [(&'static str, Option<&'static str>)],
+    /// The model follows the simulators' KV-cache events.
+    events: bool,
 }
 
-const MODES: [Mode; 4] = [
+const MODES: [Mode; 5] = [
     Mode {
         name: "keyed",
         title: "with X-Poimen-Cache-Key, pure rendezvous (each session stays on one GPU)",
         keyed: true,
         routing: &[("prefix_index", None)],
+        events: false,
     },
     Mode {
         name: "cost",
         title: "with X-Poimen-Cache-Key, by cost (shipped: a session stays where its context is cached unless waiting costs more)",
         keyed: true,
         routing: &[],
+        events: false,
     },
     Mode {
         name: "keyless",
         title: "without a key, by cost (shipped: the prefix index finds each session's GPU)",
         keyed: false,
         routing: &[],
+        events: false,
+    },
+    Mode {
+        name: "events",
+        title: "without a key, by cost over the simulators' KV-cache events (models[].kv_events: the index knows what each GPU holds)",
+        keyed: false,
+        routing: &[],
+        events: true,
     },
     Mode {
         name: "round-robin",
         title: "without a key, round-robin (sessions wander)",
         keyed: false,
         routing: &[("keyless", Some("round_robin")), ("prefix_index", None)],
+        events: false,
     },
 ];
 
@@ -311,8 +362,13 @@ async fn main() {
     };
     std::fs::create_dir_all(&procs.dir).unwrap();
     let mut sims = Vec::new();
-    for _ in 0..3 {
-        let (child, addr) = start_sim(&bin.join("vllm-sim"));
+    let ips: Vec<Ipv4Addr> = (11..14).map(|i| Ipv4Addr::new(127, 0, 0, i)).collect();
+    let events = Events {
+        port: free_port(&ips),
+        replay_port: free_port(&ips),
+    };
+    for ip in &ips {
+        let (child, addr) = start_sim(&bin.join("vllm-sim"), *ip, &events);
         procs.children.push(child);
         sims.push(addr);
     }
@@ -328,7 +384,7 @@ async fn main() {
     for (i, mode) in MODES.iter().enumerate() {
         // A fresh gateway per mode; new memory contexts, so no run reuses
         // another's cache beyond the shared system prompt.
-        let conf = write_config(&procs.dir, &sims, mode);
+        let conf = write_config(&procs.dir, &sims, &events, mode);
         let gateway = Command::new(bin.join("poimen-gateway"))
             .arg("-c")
             .arg(&conf)

@@ -194,6 +194,49 @@ pub static ADAPTER_LOADS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     )
 });
 
+/// Prompts of a model with KV-cache events, by whether they were
+/// tokenized as vLLM does (`crate::render`).
+pub static PROMPTS_RENDERED: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter_vec(
+        "poimen_gateway_prompts_rendered_total",
+        "Prompts of a model with kv_events, by result: rendered (tokenized as vLLM does), or why not (api, not_text, tools, salted, failed: routed by the estimate)",
+        &["model", "result"],
+    )
+});
+
+/// vLLM's KV-cache events (`crate::kv_events`), per backend.
+pub static KV_EVENT_MESSAGES: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter_vec(
+        "poimen_gateway_kv_event_messages_total",
+        "KV-cache event messages from a backend, by result (applied, malformed)",
+        &["model", "backend", "result"],
+    )
+});
+
+pub static KV_EVENT_BLOCKS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter_vec(
+        "poimen_gateway_kv_event_blocks_total",
+        "KV blocks a backend's events stored, removed or that could not be placed (skipped), by kind",
+        &["model", "backend", "kind"],
+    )
+});
+
+pub static KV_EVENT_GAPS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter_vec(
+        "poimen_gateway_kv_event_gaps_total",
+        "Breaks in a backend's event sequence, by result: replayed, lost (its blocks forgotten), restart",
+        &["model", "backend", "result"],
+    )
+});
+
+pub static KV_EVENTS_CONNECTED: LazyLock<IntGaugeVec> = LazyLock::new(|| {
+    gauge_vec(
+        "poimen_gateway_kv_events_connected",
+        "1 while the gateway is subscribed to the backend's KV-cache events; 0: the prefix index estimates it",
+        BACKEND,
+    )
+});
+
 /// Log lines lost to a full log queue: stderr was not read fast enough
 /// (see `logging`).
 /// Trace spans that were not exported, by reason: `queue_full` (the

@@ -37,6 +37,7 @@ pub fn add(
     let (gateway, health_checks) = Gateway::new(config, verifier, resolved);
     let refresh = gateway.refresh_service();
     let learn = gateway.learn_service();
+    let subscribe = gateway.subscribe_service();
     let traces = gateway.traces();
     let mut proxy = ProxyServiceBuilder::new(&server.configuration, gateway)
         .client_options(upstream)
@@ -63,6 +64,9 @@ pub fn add(
     }
     if let Some(learn) = learn {
         server.add_service(background_service("learned models", learn));
+    }
+    if let Some(subscribe) = subscribe {
+        server.add_service(background_service("kv events", subscribe));
     }
     traces
 }

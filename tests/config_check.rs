@@ -28,6 +28,9 @@ fn bad_configs_are_refused_naming_the_field() {
         ("gateway:\n  failure_exclusion_secs: 0\n  models: [{name: m, address: \"127.0.0.1:1\"}]\n", "gateway.failure_exclusion_secs = 0"),
         ("threads: 2\n", "gateway = \"(missing)\""),
         ("threads: many\ngateway:\n  models: [{name: m, address: \"127.0.0.1:1\"}]\n", "threads"),
+        ("gateway:\n  models: [{name: m, address: \"127.0.0.1:1\", kv_events: {port: 5557, block_size: 16, tokenizer: /nowhere}}]\n", "needs `routing.prefix_index`"),
+        ("gateway:\n  routing: {prefix_index: {cache_tokens: 1000}}\n  models: [{name: m, address: \"127.0.0.1:1\", kv_events: {port: 5557, block_size: 16, tokenizer: /nowhere}}]\n", "gateway.models[0].kv_events.tokenizer = \"/nowhere\": /nowhere/tokenizer.json"),
+        ("gateway:\n  routing: {prefix_index: {cache_tokens: 1000}}\n  models: [{name: m, address: \"127.0.0.1:1\", kv_events: {port: 0, block_size: 16, tokenizer: conf/byte-model}}]\n", "gateway.models[0].kv_events.port = 0"),
     ];
     for (yaml, want) in cases {
         let out = check_config(yaml);

@@ -15,6 +15,7 @@ mod failover;
 mod fuzz;
 mod jwt;
 mod keyless;
+mod kv_events;
 mod learned;
 mod load_feedback;
 mod logging;

@@ -56,10 +56,15 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Bo
             json(StatusCode::OK, &app.metrics.stats(app.gauges(), fault))
         }
         (&Method::POST, "/sim/fault") => set_fault(&app, req).await,
+        // vLLM serves it with VLLM_SERVER_DEV_MODE=1; the sim always does.
+        (&Method::POST, "/reset_prefix_cache") => {
+            app.reset_prefix_cache();
+            json(StatusCode::OK, &serde_json::json!({"success": true}))
+        }
         (_, "/health" | "/v1/models" | "/v1/chat/completions" | "/v1/completions" | "/metrics")
         | (_, "/v1/responses" | "/v1/messages" | "/v1/messages/count_tokens")
         | (_, "/tokenize" | "/detokenize")
-        | (_, "/sim/stats" | "/sim/fault") => method_not_allowed(),
+        | (_, "/sim/stats" | "/sim/fault" | "/reset_prefix_cache") => method_not_allowed(),
         (_, LOAD_LORA | UNLOAD_LORA) if app.adapters.runtime_updating() => method_not_allowed(),
         _ => not_found(),
     };

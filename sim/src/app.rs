@@ -11,6 +11,7 @@ use crate::batch::Scheduler;
 use crate::cache::PrefixCache;
 use crate::config::Args;
 use crate::faults::Faults;
+use crate::kv_events::Publisher;
 use crate::lora::{Adapters, Served};
 use crate::metrics::{Gauges, Metrics};
 use crate::responses_store::ResponseStore;
@@ -37,13 +38,23 @@ pub struct App {
     /// VLLM_ENABLE_RESPONSES_API_STORE).
     pub responses_store_enabled: bool,
     pub responses: Mutex<ResponseStore>,
+    /// Publishes the cache's changes (`--kv-events-port`); call it with
+    /// `cache` locked.
+    pub kv_events: Option<Publisher>,
     next_id: AtomicU64,
     /// Seed of `random_hex`, different in every process.
     id_seed: u64,
 }
 
 impl App {
+    /// Without KV events (the tests' shorthand).
+    #[cfg(test)]
     pub fn new(a: &Args) -> Arc<Self> {
+        Self::with_kv_events(a, None)
+    }
+
+    /// `new`, publishing the cache's changes with `kv_events`.
+    pub fn with_kv_events(a: &Args, kv_events: Option<Publisher>) -> Arc<Self> {
         let block_size = a.block_size as usize;
         Arc::new(App {
             model: a.model.clone(),
@@ -69,6 +80,7 @@ impl App {
             kv_tokens_in_use: AtomicUsize::new(0),
             responses_store_enabled: !a.disable_responses_store,
             responses: Mutex::new(ResponseStore::new(a.responses_store_bytes)),
+            kv_events,
             next_id: AtomicU64::new(1),
             id_seed: process_seed(),
         })
@@ -93,6 +105,15 @@ impl App {
         format!("{:016x}", xxh3_64_with_seed(&n, self.id_seed))
     }
 
+    /// Empties the prefix cache (vLLM's `/reset_prefix_cache`).
+    pub fn reset_prefix_cache(&self) {
+        let mut cache = self.cache.lock().expect("cache lock");
+        match &self.kv_events {
+            Some(p) => p.clear(&mut cache),
+            None => cache.clear(),
+        }
+    }
+
     /// Fraction (0..=1) of the KV cache reserved by running requests.
     pub fn kv_cache_usage(&self) -> f64 {
         let used = self.kv_tokens_in_use.load(Ordering::Relaxed) as f64;
@@ -107,6 +128,10 @@ impl App {
             queued: self.sched.queued(),
             kv_cache_usage_perc: self.kv_cache_usage(),
             cached_blocks: self.cache.lock().expect("cache lock").len(),
+            kv_events_dropped: self
+                .kv_events
+                .as_ref()
+                .map(|p| p.dropped.load(Ordering::Relaxed)),
         }
     }
 }

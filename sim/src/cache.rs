@@ -53,16 +53,30 @@ impl PrefixCache {
         hits
     }
 
+    pub fn contains(&self, hash: u64) -> bool {
+        self.stamps.contains_key(&hash)
+    }
+
     /// Inserts (or refreshes) every block of the chain, then evicts the
     /// least recently used blocks until the cache fits its capacity.
-    pub fn insert(&mut self, hashes: &[u64]) {
+    /// Returns the evicted blocks, oldest first (for the KV events).
+    pub fn insert(&mut self, hashes: &[u64]) -> Vec<u64> {
         self.touch_chain(hashes);
+        let mut evicted = Vec::new();
         while self.stamps.len() > self.capacity {
             let Some((_, victim)) = self.lru.pop_first() else {
                 break;
             };
             self.stamps.remove(&victim);
+            evicted.push(victim);
         }
+        evicted
+    }
+
+    /// Drops every block (vLLM's `reset_prefix_cache`).
+    pub fn clear(&mut self) {
+        self.stamps.clear();
+        self.lru.clear();
     }
 
     /// Stamps the chain so that its first block is the most recent.
@@ -149,7 +163,10 @@ mod tests {
         assert_eq!(c.len(), 4);
         // A hit on `a` makes `b` the least recently used...
         assert_eq!(cached_tokens(&mut c, &a), 32);
-        c.insert(&block_hashes(0, &d, BS));
+        let mut evicted = c.insert(&block_hashes(0, &d, BS));
+        // Tail first.
+        evicted.reverse();
+        assert_eq!(evicted, block_hashes(0, &b, BS));
         assert_eq!(c.len(), 4);
         // ...so `b` is the one evicted.
         assert_eq!(cached_tokens(&mut c, &b), 0);
@@ -166,5 +183,14 @@ mod tests {
         c.insert(&block_hashes(0, &prompt('x', 16), BS));
         // The head of `a` survives, so a 2-block prefix still hits.
         assert_eq!(cached_tokens(&mut c, &a), 32);
+    }
+
+    #[test]
+    fn clear_drops_everything() {
+        let mut c = PrefixCache::new(10);
+        let a = prompt('a', 32);
+        c.insert(&block_hashes(0, &a, BS));
+        c.clear();
+        assert_eq!((c.len(), cached_tokens(&mut c, &a)), (0, 0));
     }
 }

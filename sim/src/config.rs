@@ -113,6 +113,20 @@ pub struct Args {
     /// If set, the start-up fault reverts to `none` after this many ms.
     #[arg(long)]
     pub fault_duration_ms: Option<u64>,
+
+    /// Publish KV-cache events as vLLM does: a ZeroMQ PUB socket bound on
+    /// the --listen host at this port (0: a free one, logged). Off if unset.
+    #[arg(long, value_name = "PORT")]
+    pub kv_events_port: Option<u16>,
+
+    /// Also serve the replay of recent events on a ZeroMQ ROUTER socket
+    /// bound on the --listen host at this port (needs --kv-events-port).
+    #[arg(long, value_name = "PORT", requires = "kv_events_port")]
+    pub kv_replay_port: Option<u16>,
+
+    /// Topic frame of every event message (vLLM's default: empty).
+    #[arg(long, default_value = "", value_name = "TOPIC")]
+    pub kv_events_topic: String,
 }
 
 /// What the server does wrong on purpose.
@@ -197,6 +211,8 @@ mod tests {
         assert!(a.lora_modules.is_empty());
         assert!(!a.allow_runtime_lora_updating);
         assert_eq!(a.lora_load_us, 50_000);
+        assert_eq!((a.kv_events_port, a.kv_replay_port), (None, None));
+        assert_eq!(a.kv_events_topic, "");
         assert!(a.validate().is_ok());
     }
 
@@ -207,6 +223,13 @@ mod tests {
         let m: FaultMode = serde_json::from_str("\"refuse\"").unwrap();
         assert_eq!(m, FaultMode::Refuse);
         assert_eq!(FaultMode::Slow.as_str(), "slow");
+    }
+
+    #[test]
+    fn kv_replay_needs_kv_events() {
+        assert!(Args::try_parse_from(["vllm-sim", "--kv-replay-port", "1"]).is_err());
+        let a = Args::parse_from(["vllm-sim", "--kv-events-port", "1", "--kv-replay-port", "2"]);
+        assert_eq!((a.kv_events_port, a.kv_replay_port), (Some(1), Some(2)));
     }
 
     #[test]

@@ -21,6 +21,8 @@ use crate::tokenize::{block_hashes, count_tokens};
 pub struct Job {
     app: Arc<App>,
     hashes: Vec<u64>,
+    /// The prompt's bytes and adapter, kept only to publish KV events.
+    for_events: Option<(Box<[u8]>, Option<String>)>,
     kv_reserved: usize,
     pub prompt_tokens: usize,
     pub cached_tokens: usize,
@@ -44,9 +46,15 @@ pub async fn admit(app: &Arc<App>, served: &Served, prompt: &str, output_tokens:
     log::debug!(
         "admitted: prompt {prompt_tokens} tokens, {cached_tokens} cached, {output_tokens} out"
     );
+    let for_events = app.kv_events.as_ref().map(|_| {
+        // Only an adapter's chain is seeded (`Served`).
+        let adapter = (served.kv_namespace != 0).then(|| served.name.clone());
+        (prompt.as_bytes().into(), adapter)
+    });
     Job {
         app: Arc::clone(app),
         hashes,
+        for_events,
         kv_reserved,
         prompt_tokens,
         cached_tokens,
@@ -65,11 +73,15 @@ impl Job {
                 .prefill(uncached, self.app.faults.delay_factor()),
         )
         .await;
-        self.app
-            .cache
-            .lock()
-            .expect("cache lock")
-            .insert(&self.hashes);
+        {
+            let mut cache = self.app.cache.lock().expect("cache lock");
+            match (&self.app.kv_events, &self.for_events) {
+                (Some(p), Some((prompt, lora))) => {
+                    p.insert(&mut cache, &self.hashes, prompt, lora.as_deref())
+                }
+                _ => drop(cache.insert(&self.hashes)),
+            }
+        }
         // vLLM counts these when the first token comes out, i.e. after
         // prefill, not at admission like the prefix-cache counters.
         self.app

@@ -12,6 +12,7 @@ mod config;
 mod conversation;
 mod engine;
 mod faults;
+mod kv_events;
 mod lora;
 mod lora_routes;
 mod messages;
@@ -48,7 +49,19 @@ async fn main() -> ExitCode {
         eprintln!("vllm-sim: {e}");
         return ExitCode::from(2);
     }
-    let app = app::App::new(&args);
+    let kv_events = match kv_events::start(&args).await {
+        Ok(Some((publisher, bound))) => {
+            let replay = bound.replay.map_or("off".into(), |a| format!("tcp://{a}"));
+            log::info!("KV events: PUB on tcp://{}, replay {replay}", bound.events);
+            Some(publisher)
+        }
+        Ok(None) => None,
+        Err(e) => {
+            eprintln!("vllm-sim: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let app = app::App::with_kv_events(&args, kv_events);
     let listener = match server::bind(args.listen) {
         Ok(l) => l,
         Err(e) => {

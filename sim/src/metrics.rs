@@ -47,6 +47,8 @@ pub struct Gauges {
     pub queued: (u64, u64),
     pub kv_cache_usage_perc: f64,
     pub cached_blocks: usize,
+    /// KV event batches dropped, when the events are published.
+    pub kv_events_dropped: Option<u64>,
 }
 
 /// Body of `GET /sim/stats`.
@@ -203,6 +205,14 @@ impl Metrics {
             "Largest number of requests seen running at once.",
             g.max_running_seen.to_string(),
         );
+        if let Some(n) = g.kv_events_dropped {
+            put(
+                "sim_kv_events_dropped_total",
+                "counter",
+                "KV event batches dropped because the publisher fell behind.",
+                n.to_string(),
+            );
+        }
         out
     }
 }
@@ -226,6 +236,7 @@ mod tests {
             queued: (5, 6_000_000),
             kv_cache_usage_perc: 0.25,
             cached_blocks: 7,
+            kv_events_dropped: None,
         }
     }
 

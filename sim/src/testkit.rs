@@ -10,10 +10,13 @@ use tokio::sync::watch;
 
 use crate::app::App;
 use crate::config::Args;
+use crate::kv_events::{self, Bound};
 
 /// A running simulator; it stops when dropped.
 pub struct Sim {
     pub addr: SocketAddr,
+    /// Its KV events sockets, if the flags asked for them.
+    pub kv: Option<Bound>,
     _stop: watch::Sender<bool>,
 }
 
@@ -21,12 +24,18 @@ pub struct Sim {
 pub async fn start(flags: &[&str]) -> Sim {
     let mut argv = vec!["vllm-sim", "--listen", "127.0.0.1:0", "--time-scale", "0"];
     argv.extend_from_slice(flags);
-    let app = App::new(&Args::parse_from(argv));
+    let args = Args::parse_from(argv);
+    let (publisher, kv) = kv_events::start(&args).await.unwrap().unzip();
+    let app = App::with_kv_events(&args, publisher);
     let listener = crate::server::bind("127.0.0.1:0".parse().unwrap()).unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, stop_rx) = watch::channel(false);
     tokio::spawn(crate::server::run(app, listener, stop_rx));
-    Sim { addr, _stop: stop }
+    Sim {
+        addr,
+        kv,
+        _stop: stop,
+    }
 }
 
 /// What came back: status, lowercased header lines, the body (de-chunked).

@@ -3,6 +3,7 @@
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::Deserialize;
 
@@ -10,8 +11,12 @@ use super::address::{self, AddressFile, BackendConfig, Target};
 use super::entries::Entry;
 use super::scheduler::{NUM_SEQS, QUEUE_DEPTH};
 use crate::admission::{Capacity, Fleet};
+use crate::field::Bound;
 use crate::field::{invalid, Invalid};
-use crate::routing::Policy;
+use crate::kv_events::Endpoints;
+use crate::render::Renderer;
+use crate::routing::chain::BLOCK_TOKENS;
+use crate::routing::{Exact, IndexSize, Policy};
 
 #[derive(Debug, Deserialize)]
 #[cfg_attr(test, derive(schemars::JsonSchema))]
@@ -36,6 +41,27 @@ pub struct ModelFile {
     /// subdirectory each); a request for one no backend has loaded loads
     /// it on the backend routing picks.
     load_adapters_from: Option<String>,
+    /// The backends' KV-cache events, which keep the prefix index exact.
+    kv_events: Option<KvEventsFile>,
+}
+
+/// `models[].kv_events`: where each backend publishes, and the model's
+/// files to tokenize prompts with.
+#[derive(Debug, Deserialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct KvEventsFile {
+    /// Each backend's PUB port, on the backend's host (vLLM's
+    /// `--kv-events-config` endpoint `tcp://*:PORT`).
+    port: u64,
+    /// Each backend's replay port (`replay_endpoint`). Default: none (a
+    /// gap in a backend's events forgets what it said).
+    replay_port: Option<u64>,
+    /// vLLM's `--block-size`, in tokens.
+    block_size: u64,
+    /// The model's directory: `tokenizer.json`, and the chat template
+    /// (`chat_template.jinja` or `tokenizer_config.json`).
+    tokenizer: String,
 }
 
 #[derive(Debug, Clone)]
@@ -224,7 +250,35 @@ fn validate_model(
     // Divided here, once, after a model's own limits replaced the defaults,
     // so both are shared alike.
     let limits = configured.shared_by(replicas);
-    let policy = routing.clone();
+    let mut policy = routing.clone();
+    if let Some(events) = m.kv_events {
+        if learned {
+            return Err(invalid(
+                format!("{path}.kv_events"),
+                &name,
+                "only for a model with a name",
+            ));
+        }
+        let at = format!("{path}.kv_events");
+        let Some(size) = policy.prefix_index else {
+            return Err(invalid(
+                at,
+                &name,
+                "needs `routing.prefix_index` (the index the events keep)",
+            ));
+        };
+        let exact = kv_events(&at, events)?;
+        // The index's blocks are the backends' own; the events say what
+        // each holds, so only the index's own bound limits a backend.
+        let blocks = |b: usize| {
+            (b as u64 * BLOCK_TOKENS).div_ceil(exact.endpoints.block_size as u64) as usize
+        };
+        policy.prefix_index = Some(IndexSize {
+            backend_blocks: blocks(size.max_blocks),
+            max_blocks: blocks(size.max_blocks),
+        });
+        policy.exact = Some(exact);
+    }
     Ok(ModelConfig {
         name,
         learned,
@@ -237,5 +291,33 @@ fn validate_model(
             ceiling: configured.max_num_seqs,
             replicas,
         }),
+    })
+}
+
+pub const BLOCK_SIZE: Bound<u64> = Bound::new(&["gateway.models[].kv_events.block_size"], 1, 4096);
+pub const EVENT_PORT: Bound<u64> = Bound::new(
+    &[
+        "gateway.models[].kv_events.port",
+        "gateway.models[].kv_events.replay_port",
+    ],
+    1,
+    65535,
+);
+
+fn kv_events(at: &str, f: KvEventsFile) -> Result<Exact, Invalid> {
+    let block_size = BLOCK_SIZE.check(&format!("{at}.block_size"), f.block_size)? as usize;
+    let renderer = Renderer::load(Path::new(&f.tokenizer))
+        .map_err(|e| invalid(format!("{at}.tokenizer"), &f.tokenizer, &e))?;
+    Ok(Exact {
+        endpoints: Endpoints {
+            port: EVENT_PORT.check(&format!("{at}.port"), f.port)? as u16,
+            replay_port: f
+                .replay_port
+                .map(|p| EVENT_PORT.check(&format!("{at}.replay_port"), p))
+                .transpose()?
+                .map(|p| p as u16),
+            block_size,
+        },
+        renderer: Arc::new(renderer),
     })
 }

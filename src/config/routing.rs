@@ -99,5 +99,6 @@ pub fn validate(at: &str, r: &RoutingFile) -> Result<Policy, Invalid> {
             &format!("{at}.keyless_prefix_bytes"),
             r.keyless_prefix_bytes,
         )? as usize,
+        exact: None,
     })
 }

@@ -12,6 +12,7 @@
 //! every `discovery.refresh_secs`.
 
 mod refresh;
+mod subscribe;
 
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
@@ -32,10 +33,10 @@ use crate::discovery::Discovery;
 use crate::failover::exclusion::{CurrentExclusions, Exclusions};
 use crate::failover::health::RestoreOnHealthy;
 use crate::metrics;
-use crate::routing::chain::BLOCK_TOKENS;
 use crate::routing::{Facts, ModelRouting, Owners, Plan, Routable, RoutingTable, Unroutable};
 use crate::tls::{self, BackendTls};
 pub use refresh::Refresh;
+pub use subscribe::Subscribe;
 
 pub struct ModelPool {
     pub name: String,
@@ -269,9 +270,10 @@ impl ModelPool {
     /// hold (for the metric); `None` without an index.
     pub fn prefix_index_reading(&self) -> Option<metrics::Reading> {
         let (members, index) = (self.members.clone(), self.routing.index()?.clone());
+        let block_tokens = self.routing.policy().block_tokens();
         Some(Arc::new(move |_| {
             let blocks = index.blocks_of(members.load().addrs());
-            let tokens = |n: usize| (n as u64 * BLOCK_TOKENS) as i64;
+            let tokens = |n: usize| (n as u64 * block_tokens) as i64;
             blocks.into_iter().map(|(a, n)| (a, tokens(n))).collect()
         }))
     }

@@ -18,7 +18,7 @@ use crate::catalog::{Catalog, Learn, Loader};
 use crate::config::{GatewayConfig, JwksSource};
 use crate::discovery::{AtStart, Discovery};
 use crate::metrics;
-use crate::pool::{ModelPool, Refresh};
+use crate::pool::{ModelPool, Refresh, Subscribe};
 use crate::routing::{owners, Owners};
 use crate::tenants::Tenants;
 use crate::tls;
@@ -108,6 +108,12 @@ impl Gateway {
             self.catalog.clone(),
             self.config.discovery.refresh,
         )
+    }
+
+    /// The service that subscribes to the backends' KV-cache events, if any
+    /// model has `kv_events`.
+    pub fn subscribe_service(&self) -> Option<Subscribe> {
+        Subscribe::of(self.pools.values().cloned())
     }
 
     /// The service that re-resolves the models' DNS names, if any has one.

@@ -98,11 +98,17 @@ impl Gateway {
             })
             .flatten()
             .map(|id| id.into_owned());
-        let mut chain = pool.routing.policy().chain(api, &facts.prompt);
+        let mut chain = pool.routing.policy().chain(api, &facts.prompt, &raw);
+        if let Some(rendered) = chain.rendered {
+            let result = rendered.map_or_else(|why| why.as_str(), |()| "rendered");
+            crate::metrics::PROMPTS_RENDERED
+                .with_label_values(&[&pool.name, result])
+                .inc();
+        }
         let mut input = pool.routing.input(cache_key, warmup, api, &facts.prompt);
         if let Some(only) = only {
             // Another model's or adapter's blocks of the pool never match.
-            chain::namespace(&mut chain, &facts.model);
+            chain::namespace(&mut chain.links, &facts.model);
             input = input.with_only(only);
         }
         let input = input.with_stored(continues).with_chain(chain);

@@ -61,13 +61,40 @@ pub fn of_prompt(api: Api, p: &Prompt) -> Vec<u64> {
     }
 }
 
+/// The chain of a prompt's token ids, `block` of them a block (vLLM's
+/// `--block-size`): the index's name for each of vLLM's KV blocks.
+///
+/// ```text
+/// h_i = xxh3_64_with_seed(xxh3_64(ids of block i, each 4 bytes little-endian) as 8 bytes LE, h_(i-1)), h_(-1) = 0
+/// ```
+pub fn of_tokens(tokens: &[u32], block: usize) -> Vec<u64> {
+    let mut chain = Vec::with_capacity(tokens.len() / block.max(1));
+    let mut parent = 0;
+    for ids in tokens.chunks_exact(block.max(1)) {
+        parent = token_link(parent, ids);
+        chain.push(parent);
+    }
+    chain
+}
+
+/// The link of the block of token ids `ids` after `parent`.
+pub fn token_link(parent: u64, ids: &[u32]) -> u64 {
+    let bytes: Vec<u8> = ids.iter().flat_map(|t| t.to_le_bytes()).collect();
+    xxh3_64_with_seed(&xxh3_64(&bytes).to_le_bytes(), parent)
+}
+
 /// Make `chain` the chain of model or adapter `name`: no block of another
 /// name's chain matches one of it.
 pub fn namespace(chain: &mut [u64], name: &str) {
-    let seed = xxh3_64(name.as_bytes());
+    let seed = namespace_of(name);
     for link in chain {
         *link ^= seed;
     }
+}
+
+/// What [`namespace`] mixes into each link of `name`'s chain.
+pub fn namespace_of(name: &str) -> u64 {
+    xxh3_64(name.as_bytes())
 }
 
 /// The chain of `parts`, separated; none without the last part, the prompt

@@ -213,6 +213,16 @@ pub struct Policy {
     pub keyless: Keyless,
     /// How much of a completion's `prompt` a derived key covers.
     pub keyless_prefix_bytes: usize,
+    /// The index kept exact by the backends' KV-cache events, the prompts
+    /// tokenized as vLLM does (`crate::kv_events`, `crate::render`).
+    pub exact: Option<Exact>,
+}
+
+/// A model's KV-cache events and its tokenizer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Exact {
+    pub endpoints: crate::kv_events::Endpoints,
+    pub renderer: std::sync::Arc<crate::render::Renderer>,
 }
 
 /// How much the prefix index keeps.
@@ -253,11 +263,53 @@ impl Policy {
         }
     }
 
-    /// The chain of a request's prompt, when an index is kept.
-    pub fn chain(&self, api: Api, prompt: &Prompt) -> Vec<u64> {
-        match self.prefix_index {
-            Some(_) => chain::of_prompt(api, prompt),
-            None => Vec::new(),
+    /// The chain of a request's prompt, when an index is kept: of its
+    /// token ids when the model's events keep the index (`None`, if the
+    /// prompt could not be rendered: then of its text), else of its text.
+    pub fn chain(&self, api: Api, prompt: &Prompt, body: &[u8]) -> Chain {
+        if self.prefix_index.is_none() {
+            return Chain::default();
+        }
+        let Some(exact) = &self.exact else {
+            return Chain::of_text(chain::of_prompt(api, prompt));
+        };
+        match exact.renderer.tokens(api, body) {
+            Ok(ids) => Chain {
+                links: chain::of_tokens(&ids, exact.endpoints.block_size),
+                block_tokens: exact.endpoints.block_size as u64,
+                rendered: Some(Ok(())),
+            },
+            Err(why) => Chain {
+                rendered: Some(Err(why)),
+                ..Chain::of_text(chain::of_prompt(api, prompt))
+            },
+        }
+    }
+
+    /// The prompt tokens a block of this model's index stands for.
+    pub fn block_tokens(&self) -> u64 {
+        self.exact
+            .as_ref()
+            .map_or(chain::BLOCK_TOKENS, |e| e.endpoints.block_size as u64)
+    }
+}
+
+/// A request's prompt as blocks of the prefix index.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Chain {
+    pub links: Vec<u64>,
+    /// The prompt tokens a link stands for.
+    pub block_tokens: u64,
+    /// With KV-cache events: whether the prompt was rendered as tokens.
+    pub rendered: Option<Result<(), crate::render::Unrendered>>,
+}
+
+impl Chain {
+    fn of_text(links: Vec<u64>) -> Self {
+        Chain {
+            links,
+            block_tokens: chain::BLOCK_TOKENS,
+            rendered: None,
         }
     }
 }

@@ -15,12 +15,11 @@ use std::time::Instant;
 use http::HeaderValue;
 use smallvec::SmallVec;
 
-use super::chain::BLOCK_TOKENS;
 use super::cost::Rates;
 use super::index::{Held, Holders, PrefixIndex};
 use super::owners::{Owner, Owners};
 use super::prefix::DerivedKey;
-use super::{Affinity, Candidate, Facts, Policy, Ranking, Request, Route, RoutingTable};
+use super::{Affinity, Candidate, Chain, Facts, Policy, Ranking, Request, Route, RoutingTable};
 use crate::api::Api;
 use crate::body::Prompt;
 
@@ -64,7 +63,7 @@ pub struct Routable {
     /// or names (a retrieve or cancel): only its owner can serve it.
     stored: Option<String>,
     /// Its prompt's chain (`chain.rs`), when an index is kept.
-    chain: Vec<u64>,
+    chain: Chain,
     /// The only backends that serve the name it asked for (a learned model
     /// or adapter), sorted; None: every backend of the pool.
     only: Option<Arc<[SocketAddr]>>,
@@ -93,12 +92,12 @@ impl Routable {
     }
 
     /// Its prompt's chain of blocks; empty without an index.
-    pub fn chain(&self) -> &[u64] {
+    pub fn chain(&self) -> &Chain {
         &self.chain
     }
 
     /// Its prompt's chain of blocks (`Policy::chain`).
-    pub fn with_chain(mut self, chain: Vec<u64>) -> Self {
+    pub fn with_chain(mut self, chain: Chain) -> Self {
         self.chain = chain;
         self
     }
@@ -166,14 +165,18 @@ impl<S: Fn(usize) -> Facts> Plan<'_, S> {
     /// index.
     pub fn expected_tokens(&self, addr: SocketAddr) -> Option<u64> {
         self.index?;
-        Some(cached_tokens(&self.held, addr))
+        Some(cached_tokens(
+            &self.held,
+            addr,
+            self.input.chain.block_tokens,
+        ))
     }
 
     /// `candidate` gave the request a slot or a queue place: it will
     /// prefill the prompt, so the index takes it to hold it from now on.
     pub fn admitted(self, candidate: Candidate) {
         if let Some(index) = self.index {
-            index.insert(candidate.addr, &self.input.chain);
+            index.insert(candidate.addr, &self.input.chain.links);
         }
     }
 }
@@ -213,7 +216,9 @@ impl ModelRouting {
     /// `cached` of its `prompt` tokens cached where the index expected
     /// `expected`. Teaches the cost rule its rates, and the index where it
     /// was wrong: a backend that held well under half of what was expected
-    /// no longer holds the rest.
+    /// no longer holds the rest. A prompt matched against KV-cache events is
+    /// not corrected so: the events say what went (and vllm-sim's events
+    /// count bytes where its usage counts 4-byte tokens).
     pub fn observed(&self, input: &Routable, addr: SocketAddr, seen: Observed) {
         let Some(index) = &self.index else {
             return;
@@ -223,9 +228,9 @@ impl ModelRouting {
         };
         self.rates
             .observe(seen.held, seen.ttft, prompt.saturating_sub(cached));
-        if cached * 2 < seen.expected_tokens {
-            let keep = (cached / BLOCK_TOKENS) as usize;
-            index.trim(addr, &input.chain, keep);
+        if input.chain.rendered != Some(Ok(())) && cached * 2 < seen.expected_tokens {
+            let keep = (cached / input.chain.block_tokens.max(1)) as usize;
+            index.trim(addr, &input.chain.links, keep);
         }
     }
 
@@ -257,7 +262,7 @@ impl ModelRouting {
             api,
             tried: Vec::new(),
             stored: None,
-            chain: Vec::new(),
+            chain: Chain::default(),
             only: None,
         }
     }
@@ -284,15 +289,16 @@ impl ModelRouting {
             let ranking = Ranking::only(only, position);
             return Ok(self.plan(ranking, router, status, Holders::new(), input));
         }
+        let block_tokens = input.chain.block_tokens;
         let held = match &self.index {
-            Some(index) if !input.chain.is_empty() => index.lookup(&input.chain),
+            Some(index) if !input.chain.links.is_empty() => index.lookup(&input.chain.links),
             _ => Holders::new(),
         };
         // Each holder's position and tokens, so that a member's facts need
         // no address compared.
         let (holders, tokens): (SmallVec<[usize; 4]>, SmallVec<[u64; 4]>) = held
             .iter()
-            .filter_map(|h| Some((router.position(&h.addr)?, h.blocks as u64 * BLOCK_TOKENS)))
+            .filter_map(|h| Some((router.position(&h.addr)?, h.blocks as u64 * block_tokens)))
             .unzip();
         let request = Request {
             affinity: input.affinity(),
@@ -300,7 +306,7 @@ impl ModelRouting {
             // A warmup exists to fill its key's first choice's cache: load
             // never moves it.
             movable: !input.warmup,
-            prompt_tokens: input.chain.len() as u64 * BLOCK_TOKENS,
+            prompt_tokens: input.chain.links.len() as u64 * block_tokens,
             holders: &holders,
             rates: self.rates.snapshot(),
         };
@@ -380,10 +386,10 @@ pub struct Observed {
 }
 
 /// The tokens `addr` holds by `held`.
-fn cached_tokens(held: &[Held], addr: SocketAddr) -> u64 {
+fn cached_tokens(held: &[Held], addr: SocketAddr, block_tokens: u64) -> u64 {
     held.iter()
         .find(|h| h.addr == addr)
-        .map_or(0, |h| h.blocks as u64 * BLOCK_TOKENS)
+        .map_or(0, |h| h.blocks as u64 * block_tokens)
 }
 
 #[cfg(test)]
@@ -421,9 +427,11 @@ mod tests {
         let body = serde_json::json!({"model": "m", "messages": messages}).to_string();
         let key = (!key.is_empty()).then(|| HeaderValue::from_static(key));
         let api = Api::ChatCompletions;
-        let chain = routing
-            .policy
-            .chain(api, &crate::body::prompt_of(body.as_bytes()));
+        let chain = routing.policy.chain(
+            api,
+            &crate::body::prompt_of(body.as_bytes()),
+            body.as_bytes(),
+        );
         routing
             .input(key, false, api, &crate::body::prompt_of(body.as_bytes()))
             .with_chain(chain)

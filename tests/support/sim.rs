@@ -31,9 +31,14 @@ impl Sim {
     /// A sim whose delays (`--decode-us-per-token`...) are multiplied by
     /// `time_scale`: "1" takes them as given.
     pub fn start_scaled(model: &str, time_scale: &str, args: &[&str]) -> Sim {
+        Sim::start_on("127.0.0.1:0", model, time_scale, args)
+    }
+
+    /// A sim listening on `listen` (a loopback address, port 0: a free one).
+    pub fn start_on(listen: &str, model: &str, time_scale: &str, args: &[&str]) -> Sim {
         let base = [
             "--listen",
-            "127.0.0.1:0",
+            listen,
             "--model",
             model,
             "--time-scale",

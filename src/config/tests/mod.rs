@@ -473,6 +473,7 @@ fn routing_defaults_overrides_and_bounds() {
             prefix_index: None,
             keyless: Keyless::RoundRobin,
             keyless_prefix_bytes: 2048,
+            exact: None,
         }
     );
     let c = GatewayConfig::from_yaml(

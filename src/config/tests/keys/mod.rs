@@ -114,6 +114,8 @@ fn ranges() -> BTreeMap<&'static str, String> {
         routing::KEYLESS_PREFIX_BYTES,
         routing::CACHE_TOKENS,
         routing::MAX_TOKENS,
+        models::BLOCK_SIZE,
+        models::EVENT_PORT,
         stored_responses::MAX_OWNERS,
         stored_responses::MAX_AGE_SECS,
         stored_responses::LOOKUP_TIMEOUT_MS,

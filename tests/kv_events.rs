@@ -1,0 +1,258 @@
+//! Routing by the backends' KV-cache events (`models[].kv_events`), on
+//! vllm-sims that publish them as vLLM 0.32 does, each on a loopback
+//! address of its own (the events port is the same on every backend's
+//! host). The model's tokenizer is the byte-level one of `conf/byte-model`
+//! (one token per byte), which is how vllm-sim's events number the bytes of
+//! its prompts.
+
+use std::net::TcpListener;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::support::metrics::{sample, scrape};
+use crate::support::sim::Sim;
+use crate::support::{client, header, Gateway};
+
+/// The sims' block: 16 tokens of 4 bytes, 64 byte-tokens in their events.
+const SIM_BLOCK: &str = "16";
+const EVENT_BLOCK: u64 = 64;
+
+/// A port free on every one of `ips`.
+fn free_port(ips: &[&str]) -> u16 {
+    loop {
+        let port = TcpListener::bind(format!("{}:0", ips[0]))
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if ips
+            .iter()
+            .all(|ip| TcpListener::bind(format!("{ip}:{port}")).is_ok())
+        {
+            return port;
+        }
+    }
+}
+
+struct Fleet {
+    sims: Vec<Sim>,
+    events: u16,
+    replay: u16,
+}
+
+fn fleet(ips: &[&str], kv_tokens: &str) -> Fleet {
+    let (events, replay) = (free_port(ips), free_port(ips));
+    let (events_s, replay_s) = (events.to_string(), replay.to_string());
+    let sims = ips
+        .iter()
+        .map(|ip| {
+            let args = [
+                "--block-size",
+                SIM_BLOCK,
+                "--kv-cache-tokens",
+                kv_tokens,
+                "--kv-events-port",
+                &events_s,
+                "--kv-replay-port",
+                &replay_s,
+            ];
+            Sim::start_on(&format!("{ip}:0"), "m", "0", &args)
+        })
+        .collect();
+    Fleet {
+        sims,
+        events,
+        replay,
+    }
+}
+
+fn config(f: &Fleet) -> String {
+    let list: Vec<String> = f.sims.iter().map(|s| format!("\"{}\"", s.addr)).collect();
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/conf/byte-model");
+    format!(
+        "  routing: {{prefix_index: {{cache_tokens: 100000}}}}\n  models:\n    - name: m\n      addresses: [{}]\n      kv_events: {{port: {}, replay_port: {}, block_size: {EVENT_BLOCK}, tokenizer: \"{dir}\"}}\n",
+        list.join(", "),
+        f.events,
+        f.replay,
+    )
+}
+
+fn body(name: &str) -> Value {
+    json!({"model": "m", "max_tokens": 4, "messages": [
+        {"role": "system", "content": format!("{name} ").repeat(400)},
+        {"role": "user", "content": "go on"},
+    ]})
+}
+
+/// Send `name`'s conversation straight to `sim`: it caches it, and only
+/// its events can tell a gateway.
+async fn warm(sim: &Sim, name: &str) {
+    let url = format!("http://{}/v1/chat/completions", sim.addr);
+    let resp = client().post(url).json(&body(name)).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+}
+
+/// `name`'s conversation through `gw`: its backend, route and the tokens
+/// the gateway expected cached there.
+async fn ask(gw: &Gateway, name: &str) -> (String, String, u64, u64) {
+    let resp = client()
+        .post(gw.url("/v1/chat/completions"))
+        .json(&body(name))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200, "{name}");
+    let backend = header(&resp, "x-poimen-backend");
+    let route = header(&resp, "x-poimen-route");
+    let expected = header(&resp, "x-poimen-expected-cached-tokens")
+        .parse()
+        .unwrap();
+    let v: Value = resp.json().await.unwrap();
+    let cached = v["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap_or(0);
+    (backend, route, expected, cached)
+}
+
+async fn metric(gw: &Gateway, name: &str, labels: &[(&str, &str)]) -> f64 {
+    sample(&scrape(gw.metrics).await, name, labels).unwrap_or(0.0)
+}
+
+/// Wait until every backend's events are subscribed to.
+async fn subscribed(gw: &Gateway, sims: &[Sim]) {
+    for s in sims {
+        let b = s.addr.to_string();
+        let labels = [("model", "m"), ("backend", &b[..])];
+        let mut waited = Duration::ZERO;
+        while metric(gw, "poimen_gateway_kv_events_connected", &labels).await < 1.0 {
+            assert!(waited < Duration::from_secs(10), "{b} not subscribed");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            waited += Duration::from_millis(50);
+        }
+    }
+}
+
+/// Wait until `gw` has applied `n` event messages of `sim` in all.
+async fn applied(gw: &Gateway, sim: &Sim, n: f64) {
+    let b = sim.addr.to_string();
+    let labels = [("backend", &b[..]), ("result", "applied")];
+    let mut waited = Duration::ZERO;
+    while metric(gw, "poimen_gateway_kv_event_messages_total", &labels).await < n {
+        assert!(
+            waited < Duration::from_secs(10),
+            "{b}: {n} messages not applied"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        waited += Duration::from_millis(20);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn keyless_requests_go_where_the_events_say_their_prompt_is_cached() {
+    let f = fleet(&["127.0.0.2", "127.0.0.3"], "65536");
+    let conf = config(&f);
+    // Two replicas: each subscribes to both backends.
+    let (gw1, gw2) = (Gateway::start(&conf).await, Gateway::start(&conf).await);
+    subscribed(&gw1, &f.sims).await;
+    subscribed(&gw2, &f.sims).await;
+    let names = ["alpha", "beta", "gamma", "delta"];
+    for (i, name) in names.iter().enumerate() {
+        let sim = &f.sims[i % 2];
+        warm(sim, name).await;
+        applied(&gw1, sim, (i / 2 + 1) as f64).await;
+        applied(&gw2, sim, (i / 2 + 1) as f64).await;
+    }
+    for (i, name) in names.iter().enumerate() {
+        let home = f.sims[i % 2].addr.to_string();
+        let gw = [&gw1, &gw2][i % 2];
+        let (backend, route, expected, cached) = ask(gw, name).await;
+        // Neither gateway routed it before: only the events knew.
+        assert_eq!(backend, home, "{name}");
+        // Named `cache` where the home is not the round-robin turn's.
+        assert!(
+            ["round_robin", "cache"].contains(&&route[..]),
+            "{name}: {route}"
+        );
+        // The template's `system\n{system}\nuser\ngo on\n`, one token a
+        // byte: every whole block of it was cached, and expected so; the
+        // sim counts 4 bytes a token.
+        let prompt = format!("{name} ").len() * 400 + 19;
+        let whole = prompt as u64 / EVENT_BLOCK * EVENT_BLOCK;
+        assert_eq!((expected, cached * 4), (whole, whole), "{name}");
+    }
+    // Round-robin alone would have sent some elsewhere.
+    let cache_routed = metric(&gw1, "poimen_gateway_requests_total", &[("route", "cache")]).await
+        + metric(&gw2, "poimen_gateway_requests_total", &[("route", "cache")]).await;
+    assert!(cache_routed >= 1.0, "{cache_routed}");
+    let rendered = [("model", "m"), ("result", "rendered")];
+    assert_eq!(
+        metric(&gw1, "poimen_gateway_prompts_rendered_total", &rendered).await,
+        2.0
+    );
+}
+
+async fn index_tokens(gw: &Gateway, sim: &Sim) -> Option<f64> {
+    let b = sim.addr.to_string();
+    let labels = [("model", "m"), ("backend", &b[..])];
+    sample(
+        &scrape(gw.metrics).await,
+        "poimen_gateway_prefix_index_tokens",
+        &labels,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cleared_or_stopped_backend_is_forgotten() {
+    let mut f = fleet(&["127.0.0.4", "127.0.0.5"], "65536");
+    let gw = Gateway::start(&config(&f)).await;
+    subscribed(&gw, &f.sims).await;
+    warm(&f.sims[0], "alpha").await;
+    warm(&f.sims[1], "beta").await;
+    applied(&gw, &f.sims[0], 1.0).await;
+    applied(&gw, &f.sims[1], 1.0).await;
+    assert!(index_tokens(&gw, &f.sims[0]).await > Some(0.0));
+    // A reset is published with the sim's next step, as vLLM does.
+    let reset = format!("http://{}/reset_prefix_cache", f.sims[0].addr);
+    assert!(client()
+        .post(reset)
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .is_success());
+    warm(&f.sims[0], "gamma").await;
+    applied(&gw, &f.sims[0], 2.0).await;
+    let (_, _, expected, _) = ask(&gw, "alpha").await;
+    assert_eq!(expected, 0, "alpha was cleared");
+    // A backend that stops: what its events said is forgotten at once.
+    let stopped = f.sims.remove(1);
+    let b = stopped.addr.to_string();
+    drop(stopped);
+    let labels = [("model", "m"), ("backend", &b[..])];
+    let mut waited = Duration::ZERO;
+    while metric(&gw, "poimen_gateway_kv_events_connected", &labels).await > 0.0 {
+        assert!(waited < Duration::from_secs(10), "{b} still subscribed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        waited += Duration::from_millis(50);
+    }
+    let text = scrape(gw.metrics).await;
+    let held = sample(&text, "poimen_gateway_prefix_index_tokens", &labels);
+    assert!(held.is_none_or(|t| t == 0.0), "{b} still holds {held:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_gateway_started_later_learns_what_was_published_before() {
+    let f = fleet(&["127.0.0.6", "127.0.0.7"], "65536");
+    warm(&f.sims[1], "alpha").await;
+    // Started after the sim published: only the replay socket can tell.
+    let gw = Gateway::start(&config(&f)).await;
+    subscribed(&gw, &f.sims).await;
+    applied(&gw, &f.sims[1], 1.0).await;
+    let (backend, _, expected, cached) = ask(&gw, "alpha").await;
+    assert_eq!(backend, f.sims[1].addr.to_string());
+    assert!(
+        expected > 0 && expected == cached * 4,
+        "{expected} {cached}"
+    );
+}
