@@ -31,6 +31,7 @@ fn bad_configs_are_refused_naming_the_field() {
         ("gateway:\n  models: [{name: m, address: \"127.0.0.1:1\", kv_events: {port: 5557, block_size: 16, tokenizer: /nowhere}}]\n", "needs `routing.prefix_index`"),
         ("gateway:\n  routing: {prefix_index: {cache_tokens: 1000}}\n  models: [{name: m, address: \"127.0.0.1:1\", kv_events: {port: 5557, block_size: 16, tokenizer: /nowhere}}]\n", "gateway.models[0].kv_events.tokenizer = \"/nowhere\": /nowhere/tokenizer.json"),
         ("gateway:\n  routing: {prefix_index: {cache_tokens: 1000}}\n  models: [{name: m, address: \"127.0.0.1:1\", kv_events: {port: 0, block_size: 16, tokenizer: conf/byte-model}}]\n", "gateway.models[0].kv_events.port = 0"),
+        ("gateway:\n  routing: {prefix_index: {cache_tokens: 1000}}\n  models: [{name: m, addresses: [{address: \"127.0.0.1:1\", kv_events: {port: 5}}]}]\n", "gateway.models[0].addresses[0].kv_events = \"127.0.0.1:1\": needs the model's `kv_events`"),
     ];
     for (yaml, want) in cases {
         let out = check_config(yaml);

@@ -242,15 +242,48 @@ async fn a_cleared_or_stopped_backend_is_forgotten() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_gateway_started_later_learns_what_was_published_before() {
-    let f = fleet(&["127.0.0.6", "127.0.0.7"], "65536");
-    warm(&f.sims[1], "alpha").await;
+async fn backends_on_one_host_publish_on_ports_of_their_own_and_a_later_gateway_learns_them() {
+    // Two sims on 127.0.0.1, as two vLLM servers on one host.
+    let ports: Vec<(u16, u16)> = (0..2)
+        .map(|_| (free_port(&["127.0.0.1"]), free_port(&["127.0.0.1"])))
+        .collect();
+    let sims: Vec<Sim> = ports
+        .iter()
+        .map(|(p, r)| {
+            let (p, r) = (p.to_string(), r.to_string());
+            let args = [
+                "--block-size",
+                SIM_BLOCK,
+                "--kv-events-port",
+                &p,
+                "--kv-replay-port",
+                &r,
+            ];
+            Sim::start("m", &args)
+        })
+        .collect();
+    warm(&sims[1], "alpha").await;
+    let entries: Vec<String> = sims
+        .iter()
+        .zip(&ports)
+        .map(|(s, (p, r))| {
+            format!(
+                "{{address: \"{}\", kv_events: {{port: {p}, replay_port: {r}}}}}",
+                s.addr
+            )
+        })
+        .collect();
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/conf/byte-model");
+    let conf = format!(
+        "  routing: {{prefix_index: {{cache_tokens: 100000}}}}\n  models:\n    - name: m\n      addresses: [{}]\n      kv_events: {{port: 1, block_size: {EVENT_BLOCK}, tokenizer: \"{dir}\"}}\n",
+        entries.join(", ")
+    );
     // Started after the sim published: only the replay socket can tell.
-    let gw = Gateway::start(&config(&f)).await;
-    subscribed(&gw, &f.sims).await;
-    applied(&gw, &f.sims[1], 1.0).await;
+    let gw = Gateway::start(&conf).await;
+    subscribed(&gw, &sims).await;
+    applied(&gw, &sims[1], 1.0).await;
     let (backend, _, expected, cached) = ask(&gw, "alpha").await;
-    assert_eq!(backend, f.sims[1].addr.to_string());
+    assert_eq!(backend, sims[1].addr.to_string());
     assert!(
         expected > 0 && expected == cached * 4,
         "{expected} {cached}"

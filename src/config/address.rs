@@ -25,6 +25,27 @@ pub struct AddressFile {
     /// certificate. Default: the address's IP, verified against the
     /// certificate's IP SANs.
     sni: Option<String>,
+    /// This backend's own KV-cache event ports (an `IP:port` entry of a
+    /// model with `kv_events`): several vLLM servers on one host each
+    /// publish on ports of their own.
+    kv_events: Option<EventPortsFile>,
+}
+
+/// `addresses[].kv_events`.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct EventPortsFile {
+    /// Its PUB port.
+    pub port: u64,
+    /// Its replay port. Default none.
+    pub replay_port: Option<u64>,
+}
+
+impl AddressFile {
+    pub fn kv_events(&self) -> Option<EventPortsFile> {
+        self.kv_events
+    }
 }
 
 impl From<String> for AddressFile {
@@ -34,6 +55,7 @@ impl From<String> for AddressFile {
             weight: default_weight(),
             tls: false,
             sni: None,
+            kv_events: None,
         }
     }
 }

@@ -13,7 +13,7 @@ use super::scheduler::{NUM_SEQS, QUEUE_DEPTH};
 use crate::admission::{Capacity, Fleet};
 use crate::field::Bound;
 use crate::field::{invalid, Invalid};
-use crate::kv_events::Endpoints;
+use crate::kv_events::{Endpoints, Ports};
 use crate::render::Renderer;
 use crate::routing::chain::BLOCK_TOKENS;
 use crate::routing::{Exact, IndexSize, Policy};
@@ -225,9 +225,20 @@ fn validate_model(
         ));
     }
     let mut backends: Vec<BackendConfig> = Vec::new();
+    let mut own_ports = Vec::new();
     for (i, entry) in entries.iter().enumerate() {
         let at = format!("{list_path}[{i}]");
         let target = address::target(&at, &entry.address)?;
+        if let Some(ports) = entry.kv_events() {
+            let at = format!("{at}.kv_events");
+            let Target::Addr(addr) = target else {
+                return Err(invalid(at, &entry.address, "only for an IP:port entry"));
+            };
+            if m.kv_events.is_none() {
+                return Err(invalid(at, &entry.address, "needs the model's `kv_events`"));
+            }
+            own_ports.push((addr, event_ports(&at, ports.port, ports.replay_port)?));
+        }
         if backends.iter().any(|b| b.target == target) {
             return Err(invalid(
                 at,
@@ -267,7 +278,7 @@ fn validate_model(
                 "needs `routing.prefix_index` (the index the events keep)",
             ));
         };
-        let exact = kv_events(&at, events)?;
+        let exact = kv_events(&at, events, own_ports)?;
         // The index's blocks are the backends' own; the events say what
         // each holds, so only the index's own bound limits a backend.
         let blocks = |b: usize| {
@@ -299,25 +310,36 @@ pub const EVENT_PORT: Bound<u64> = Bound::new(
     &[
         "gateway.models[].kv_events.port",
         "gateway.models[].kv_events.replay_port",
+        "gateway.models[].addresses[].kv_events.port",
+        "gateway.models[].addresses[].kv_events.replay_port",
     ],
     1,
     65535,
 );
 
-fn kv_events(at: &str, f: KvEventsFile) -> Result<Exact, Invalid> {
+fn kv_events(
+    at: &str,
+    f: KvEventsFile,
+    own: Vec<(std::net::SocketAddr, Ports)>,
+) -> Result<Exact, Invalid> {
     let block_size = BLOCK_SIZE.check(&format!("{at}.block_size"), f.block_size)? as usize;
     let renderer = Renderer::load(Path::new(&f.tokenizer))
         .map_err(|e| invalid(format!("{at}.tokenizer"), &f.tokenizer, &e))?;
     Ok(Exact {
         endpoints: Endpoints {
-            port: EVENT_PORT.check(&format!("{at}.port"), f.port)? as u16,
-            replay_port: f
-                .replay_port
-                .map(|p| EVENT_PORT.check(&format!("{at}.replay_port"), p))
-                .transpose()?
-                .map(|p| p as u16),
+            ports: event_ports(at, f.port, f.replay_port)?,
+            own,
             block_size,
         },
         renderer: Arc::new(renderer),
+    })
+}
+
+/// A PUB port and a replay port, checked.
+fn event_ports(at: &str, port: u64, replay: Option<u64>) -> Result<Ports, Invalid> {
+    let check = |key: &str, p: u64| Ok(EVENT_PORT.check(&format!("{at}.{key}"), p)? as u16);
+    Ok(Ports {
+        port: check("port", port)?,
+        replay_port: replay.map(|p| check("replay_port", p)).transpose()?,
     })
 }

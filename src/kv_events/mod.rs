@@ -43,12 +43,30 @@ use view::Holdings;
 /// Where one model's backends publish (`models[].kv_events`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Endpoints {
-    /// The port of each backend's PUB socket, on the backend's host.
-    pub port: u16,
-    /// The port of its replay (ROUTER) socket; none: gaps are not replayed.
-    pub replay_port: Option<u16>,
+    /// Each backend's ports, on the backend's host...
+    pub ports: Ports,
+    /// ...unless it has its own (several vLLM servers on one host).
+    pub own: Vec<(SocketAddr, Ports)>,
     /// vLLM's `--block-size`: the tokens of a block.
     pub block_size: usize,
+}
+
+/// A backend's event ports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ports {
+    /// Its PUB socket's.
+    pub port: u16,
+    /// Its replay (ROUTER) socket's; none: gaps are not replayed.
+    pub replay_port: Option<u16>,
+}
+
+impl Endpoints {
+    fn of(&self, addr: &SocketAddr) -> Ports {
+        self.own
+            .iter()
+            .find(|(a, _)| a == addr)
+            .map_or(self.ports, |(_, p)| *p)
+    }
 }
 
 /// How long connecting, and a whole replay, may take.
@@ -124,7 +142,7 @@ impl Subscriptions {
                     model: self.model.clone(),
                     label: addr.to_string(),
                     addr: *addr,
-                    endpoints: self.endpoints.clone(),
+                    ports: self.endpoints.of(addr),
                     index: self.index.clone(),
                     holdings: Holdings::new(*addr, self.endpoints.block_size, self.max_blocks),
                     feed: Feed::default(),
@@ -146,7 +164,7 @@ struct Subscriber {
     model: Arc<str>,
     label: String,
     addr: SocketAddr,
-    endpoints: Endpoints,
+    ports: Ports,
     index: Arc<PrefixIndex>,
     holdings: Holdings,
     feed: Feed,
@@ -167,17 +185,22 @@ impl Subscriber {
 
     async fn run(mut self) {
         self.connected(false);
+        // A publisher that stays away is logged once, not at every retry.
+        let mut warned = false;
         loop {
             let mut options = SocketOptions::default();
             options.connect_timeout(CONNECT_TIMEOUT);
             let mut sub = SubSocket::with_options(options);
             let mut monitor = sub.monitor();
-            let endpoint = self.endpoint(self.endpoints.port);
+            let endpoint = self.endpoint(self.ports.port);
             if let Err(e) = sub.connect(&endpoint).await {
-                warn!("kv events of {} ({endpoint}): {e}", self.label);
+                if !std::mem::replace(&mut warned, true) {
+                    warn!("kv events of {} ({endpoint}): {e}; retrying", self.label);
+                }
                 tokio::time::sleep(RETRY).await;
                 continue;
             }
+            warned = false;
             if sub.subscribe("").await.is_err() {
                 continue;
             }
@@ -284,7 +307,7 @@ impl Subscriber {
     /// What the replay socket answers from `from` on, in order (none if it
     /// cannot be reached or does not end its answer in time).
     async fn replayed_since(&self, from: u64) -> Vec<wire::Message> {
-        let Some(port) = self.endpoints.replay_port else {
+        let Some(port) = self.ports.replay_port else {
             return Vec::new();
         };
         let endpoint = self.endpoint(port);
