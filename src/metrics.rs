@@ -199,7 +199,7 @@ pub static ADAPTER_LOADS: LazyLock<IntCounterVec> = LazyLock::new(|| {
 pub static PROMPTS_RENDERED: LazyLock<IntCounterVec> = LazyLock::new(|| {
     counter_vec(
         "poimen_gateway_prompts_rendered_total",
-        "Prompts of a model with kv_events, by result: rendered (tokenized as vLLM does), or why not (api, not_text, tools, salted, failed: routed by the estimate)",
+        "Prompts of a model with kv_events, by result: rendered (tokenized as vLLM does), or why not (api, not_text, tools, salted, stored, unsupported, failed: routed by the estimate)",
         &["model", "result"],
     )
 });

@@ -289,3 +289,49 @@ async fn backends_on_one_host_publish_on_ports_of_their_own_and_a_later_gateway_
         "{expected} {cached}"
     );
 }
+
+/// A conversation cached from a chat request is found again when the same
+/// prompt comes as Anthropic Messages or as Responses: the gateway renders
+/// each to the chat vLLM converts it to, so to the same tokens.
+#[tokio::test(flavor = "multi_thread")]
+async fn messages_and_responses_requests_match_the_blocks_their_chat_cached() {
+    let f = fleet(&["127.0.0.8", "127.0.0.9"], "65536");
+    let gw = Gateway::start(&config(&f)).await;
+    subscribed(&gw, &f.sims).await;
+    let names = ["epsilon", "zeta"];
+    for (sim, name) in f.sims.iter().zip(names) {
+        warm(sim, name).await;
+        applied(&gw, sim, 1.0).await;
+    }
+    for (sim, name) in f.sims.iter().zip(names) {
+        let system = format!("{name} ").repeat(400);
+        let whole = (system.len() as u64 + 19) / EVENT_BLOCK * EVENT_BLOCK;
+        let messages = json!({"model": "m", "max_tokens": 4, "system": system,
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "go on"}]}]});
+        let responses = json!({"model": "m", "max_output_tokens": 4, "instructions": system,
+            "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "go on"}]}]});
+        for (path, body) in [("/v1/messages", messages), ("/v1/responses", responses)] {
+            let resp = client()
+                .post(gw.url(path))
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), 200, "{name} {path}");
+            assert_eq!(
+                header(&resp, "x-poimen-backend"),
+                sim.addr.to_string(),
+                "{name} {path}"
+            );
+            let expected: u64 = header(&resp, "x-poimen-expected-cached-tokens")
+                .parse()
+                .unwrap();
+            assert_eq!(expected, whole, "{name} {path}");
+        }
+    }
+    let rendered = [("model", "m"), ("result", "rendered")];
+    assert_eq!(
+        metric(&gw, "poimen_gateway_prompts_rendered_total", &rendered).await,
+        4.0
+    );
+}

@@ -19,7 +19,7 @@
 //! so that two turns in quick succession stay together.
 
 mod feed;
-mod view;
+pub mod view;
 pub mod wire;
 
 #[cfg(test)]

@@ -5,14 +5,18 @@
 //! `tokenizer_config.json`) and its special tokens.
 //!
 //! ```text
-//! chat (/v1/chat/completions): the template rendered as transformers'
-//!     apply_chat_template does (trim_blocks, lstrip_blocks, loop controls,
-//!     Python's string methods) with
-//!       messages: each {role, content[, name][, tool_call_id]}, a content
-//!         of text parts joined with "\n" (vLLM's "string" content format)
-//!       add_generation_prompt (default true), continue_final_message (default false)
+//! chat (/v1/chat/completions), and Messages and Responses as vLLM converts
+//!     them to a chat (messages.rs, responses.rs): the template rendered as
+//!     transformers' apply_chat_template does (trim_blocks, lstrip_blocks,
+//!     loop controls, Python's string methods) with
+//!       messages as vLLM parses them (chat.rs); developer messages as
+//!         system ones, all merged into the first, if the template does
+//!         not name the developer role
+//!       add_generation_prompt, reasoning_effort (and enable_thinking with
+//!         it), tools and documents none,
 //!       bos_token, eos_token, pad_token, unk_token, and chat_template_kwargs
-//!     then tokenized without special tokens added
+//!     cut after the final message's text if continue_final_message, then
+//!     tokenized without special tokens added
 //! completions (/v1/completions): a string prompt tokenized with special
 //!     tokens added; a prompt of token ids as it is
 //! ```
@@ -20,7 +24,8 @@
 //! Anything else is not rendered ([`Unrendered`]), never guessed: the
 //! other APIs, images and other non-text parts, tools and tool calls
 //! (vLLM passes them to the template as its own models dump them), a
-//! `cache_salt` (vLLM keys its blocks apart), a template that fails.
+//! `cache_salt` (vLLM keys its blocks apart), a stored response continued,
+//! a template that fails.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -33,6 +38,12 @@ use serde::Deserialize;
 use tokenizers::Tokenizer;
 
 use crate::api::Api;
+use chat::Conversation;
+
+mod chat;
+mod messages;
+mod pieces;
+mod responses;
 
 /// Why a request's prompt was not rendered: its routing then estimates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,6 +56,12 @@ pub enum Unrendered {
     Tools,
     /// A `cache_salt`.
     Salted,
+    /// A stored response or conversation continued.
+    Stored,
+    /// A field that changes the prompt in a way not rendered (documents, a
+    /// template of the request's own, encrypted reasoning, a stored
+    /// prompt).
+    Unsupported,
     /// The body is not what the API takes, or the template failed.
     Failed,
 }
@@ -56,6 +73,8 @@ impl Unrendered {
             Unrendered::NotText => "not_text",
             Unrendered::Tools => "tools",
             Unrendered::Salted => "salted",
+            Unrendered::Stored => "stored",
+            Unrendered::Unsupported => "unsupported",
             Unrendered::Failed => "failed",
         }
     }
@@ -65,9 +84,14 @@ impl Unrendered {
 pub struct Renderer {
     dir: PathBuf,
     tokenizer: Tokenizer,
-    template: Option<Environment<'static>>,
+    template: Option<Template>,
     /// The special tokens a template may name, by name.
     specials: BTreeMap<String, String>,
+    /// What vLLM learns from the template for Messages requests.
+    probed: messages::Probed,
+    /// The ids of the text between special tokens, where the tokenizer
+    /// allows keeping them.
+    pieces: Option<pieces::Pieces>,
 }
 
 impl fmt::Debug for Renderer {
@@ -141,7 +165,7 @@ impl Renderer {
             Err(e) => return Err(format!("{}: {e}", jinja.display())),
         };
         let template = source
-            .map(|s| environment(s).map_err(|e| format!("{}: chat template: {e}", dir.display())))
+            .map(|s| Template::new(s).map_err(|e| format!("{}: chat template: {e}", dir.display())))
             .transpose()?;
         let specials = [
             ("bos_token", config.bos_token),
@@ -157,40 +181,87 @@ impl Renderer {
             Some((name.to_string(), text))
         })
         .collect();
-        Ok(Renderer {
+        let pieces = pieces::splits_apart(&tokenizer).then(pieces::Pieces::new);
+        let mut renderer = Renderer {
             dir: dir.to_path_buf(),
+            pieces,
             tokenizer,
             template,
             specials,
-        })
+            probed: messages::Probed {
+                merge_inline_system: true,
+                disabled_effort: "low",
+            },
+        };
+        renderer.probed = renderer.probe();
+        Ok(renderer)
+    }
+
+    /// The template's answers to vLLM's two probes of it: whether it takes
+    /// a system message after the first (rendered bare, without the
+    /// special tokens), and whether `reasoning_effort: none` renders a
+    /// prompt of its own (else `thinking: disabled` stands for `low`).
+    fn probe(&self) -> messages::Probed {
+        let system_later = self.template.as_ref().is_some_and(|t| {
+            let turns: Vec<_> = ["system", "user", "system", "user"]
+                .iter()
+                .map(|role| serde_json::json!({"role": role, "content": "t"}))
+                .collect();
+            let context = minijinja::context! {
+                messages => Value::from(Serde(&turns)),
+                add_generation_prompt => false,
+            };
+            t.render(context).is_ok()
+        });
+        let hi = |effort: &str| {
+            self.render(Conversation {
+                messages: vec![chat::Message::text("user", "Hi".into())],
+                add_generation_prompt: true,
+                reasoning_effort: Some(effort.into()),
+                ..Conversation::default()
+            })
+        };
+        let disabled_effort = match hi("none") {
+            Ok(none) if EFFORTS.iter().all(|e| hi(e).ok() != Some(none.clone())) => "none",
+            _ => "low",
+        };
+        messages::Probed {
+            merge_inline_system: !system_later,
+            disabled_effort,
+        }
     }
 
     /// The token ids of the prompt of a request of `api` with `body`.
     pub fn tokens(&self, api: Api, body: &[u8]) -> Result<Vec<u32>, Unrendered> {
-        match api {
-            Api::ChatCompletions => {
-                let body: ChatBody =
-                    serde_json::from_slice(body).map_err(|_| Unrendered::Failed)?;
-                let text = self.render_chat(body)?;
-                self.encode(&text, false)
-            }
-            Api::Completions => {
-                let body: CompletionBody =
-                    serde_json::from_slice(body).map_err(|_| Unrendered::Failed)?;
-                if body.cache_salt.is_some() {
-                    return Err(Unrendered::Salted);
-                }
-                match body.prompt {
-                    PromptField::Text(text) => self.encode(&text, true),
-                    PromptField::Ids(ids) => Ok(ids),
-                    PromptField::Other(_) => Err(Unrendered::Failed),
-                }
-            }
-            _ => Err(Unrendered::Api),
+        let conversation = match api {
+            Api::ChatCompletions => chat::conversation(body)?,
+            Api::Messages => messages::conversation(body, &self.probed)?,
+            Api::Responses => responses::conversation(body)?,
+            Api::Completions => return self.completion(body),
+            _ => return Err(Unrendered::Api),
+        };
+        let text = self.render(conversation)?;
+        self.encode(&text, false)
+    }
+
+    fn completion(&self, body: &[u8]) -> Result<Vec<u32>, Unrendered> {
+        let body: CompletionBody = serde_json::from_slice(body).map_err(|_| Unrendered::Failed)?;
+        if body.cache_salt.is_some() {
+            return Err(Unrendered::Salted);
+        }
+        match body.prompt {
+            PromptField::Text(text) => self.encode(&text, true),
+            PromptField::Ids(ids) => Ok(ids),
+            PromptField::Other(_) => Err(Unrendered::Failed),
         }
     }
 
     fn encode(&self, text: &str, special: bool) -> Result<Vec<u32>, Unrendered> {
+        if let Some(pieces) = self.pieces.as_ref().filter(|_| !special) {
+            if let Some(ids) = pieces.encode(&self.tokenizer, text) {
+                return Ok(ids);
+            }
+        }
         let encoding = self
             .tokenizer
             .encode_fast(text, special)
@@ -198,125 +269,117 @@ impl Renderer {
         Ok(encoding.get_ids().to_vec())
     }
 
-    fn render_chat(&self, body: ChatBody) -> Result<String, Unrendered> {
-        if body.cache_salt.is_some() {
-            return Err(Unrendered::Salted);
-        }
-        if body.tools.is_some() {
-            return Err(Unrendered::Tools);
-        }
+    /// The prompt text of `conversation`, as vLLM's chat parameters
+    /// override the request's `chat_template_kwargs` and transformers
+    /// continues a final message.
+    fn render(&self, conversation: Conversation) -> Result<String, Unrendered> {
         let template = self.template.as_ref().ok_or(Unrendered::Failed)?;
-        let messages = body
+        let cont = conversation.continue_final_message;
+        if (cont && conversation.add_generation_prompt) || conversation.messages.is_empty() {
+            return Err(Unrendered::Failed);
+        }
+        let mut messages = conversation
             .messages
             .into_iter()
-            .map(Message::flattened)
+            .map(chat::Message::flattened)
             .collect::<Result<Vec<_>, _>>()?;
+        if !template.developer && messages.iter().any(|m| m["role"] == "developer") {
+            messages = chat::developer_as_system(messages);
+        }
+        let mut final_text = String::new();
+        if cont {
+            if !template.content {
+                return Err(Unrendered::Failed);
+            }
+            let last = messages.last_mut().and_then(|m| m.get_mut("content"));
+            if let Some(serde_json::Value::String(text)) = last {
+                final_text = text.trim().to_string();
+                text.push_str(CONTINUE_TAG);
+            }
+        }
         let mut context: BTreeMap<String, Value> = BTreeMap::new();
         for (k, v) in &self.specials {
             context.insert(k.clone(), Value::from(v.as_str()));
         }
-        for (k, v) in body.chat_template_kwargs.unwrap_or_default() {
+        context.insert("tools".into(), Value::from(()));
+        context.insert("documents".into(), Value::from(()));
+        let thinking_set = conversation.kwargs.contains_key("enable_thinking");
+        for (k, v) in conversation.kwargs {
             context.insert(k, Value::from(Serde(&v)));
         }
         context.insert("messages".into(), Value::from(Serde(&messages)));
-        let generation = body.add_generation_prompt.unwrap_or(true);
-        context.insert("add_generation_prompt".into(), Value::from(generation));
-        let cont = body.continue_final_message.unwrap_or(false);
-        context.insert("continue_final_message".into(), Value::from(cont));
-        template
-            .get_template("chat")
-            .and_then(|t| t.render(Value::from(context)))
-            .map_err(|_| Unrendered::Failed)
+        context.insert(
+            "add_generation_prompt".into(),
+            Value::from(conversation.add_generation_prompt),
+        );
+        if let Some(effort) = conversation.reasoning_effort {
+            if !thinking_set {
+                context.insert("enable_thinking".into(), Value::from(effort != "none"));
+            }
+            if effort != "auto" {
+                context.insert("reasoning_effort".into(), Value::from(effort));
+            }
+        }
+        let mut text = template
+            .render(Value::from(context))
+            .map_err(|_| Unrendered::Failed)?;
+        if cont {
+            let tag = CONTINUE_TAG.trim();
+            let at = text.rfind(tag).ok_or(Unrendered::Failed)?;
+            if !text.contains(&final_text) {
+                return Err(Unrendered::Failed);
+            }
+            let spaced = text[at..].starts_with(CONTINUE_TAG);
+            text.truncate(at);
+            if !spaced {
+                text.truncate(text.trim_end().len());
+            }
+        }
+        Ok(text)
     }
 }
 
-/// An environment with `source` as template `chat`, configured as
-/// transformers renders chat templates.
-fn environment(source: String) -> Result<Environment<'static>, minijinja::Error> {
-    let mut env = Environment::new();
-    let syntax = minijinja::syntax::SyntaxConfig::builder()
-        .trim_blocks(true)
-        .lstrip_blocks(true)
-        .build()
-        .expect("the default delimiters are valid");
-    env.set_syntax(syntax);
-    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-    env.add_function("raise_exception", |message: String| -> Result<Value, _> {
-        Err(minijinja::Error::new(ErrorKind::InvalidOperation, message))
-    });
-    env.add_template_owned("chat", source)?;
-    Ok(env)
+/// What transformers appends to the message it continues, to cut the
+/// prompt after it (`continue_final_message`).
+const CONTINUE_TAG: &str = "CONTINUE_FINAL_MESSAGE_TAG ";
+
+/// The efforts vLLM's probe compares `none` with (`AnthropicEffort`).
+const EFFORTS: [&str; 5] = ["low", "medium", "high", "xhigh", "max"];
+
+/// A chat template, configured as transformers renders chat templates.
+struct Template {
+    env: Environment<'static>,
+    /// It names the developer role (else vLLM makes those messages system).
+    developer: bool,
+    /// It names `content` (else transformers refuses to continue a message).
+    content: bool,
 }
 
-#[derive(Deserialize)]
-struct ChatBody {
-    messages: Vec<Message>,
-    tools: Option<IgnoredAny>,
-    add_generation_prompt: Option<bool>,
-    continue_final_message: Option<bool>,
-    chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
-    cache_salt: Option<IgnoredAny>,
-}
-
-#[derive(Deserialize)]
-struct Message {
-    role: String,
-    content: Option<Content>,
-    name: Option<String>,
-    tool_calls: Option<IgnoredAny>,
-    tool_call_id: Option<String>,
-}
-
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum Content {
-    Text(String),
-    Parts(Vec<Part>),
-}
-
-#[derive(Deserialize)]
-struct Part {
-    #[serde(rename = "type")]
-    kind: String,
-    text: Option<String>,
-}
-
-/// A message as the template sees it.
-#[derive(serde::Serialize)]
-struct Flat {
-    role: String,
-    content: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    name: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    tool_call_id: Option<String>,
-}
-
-impl Message {
-    fn flattened(self) -> Result<Flat, Unrendered> {
-        if self.tool_calls.is_some() {
-            return Err(Unrendered::Tools);
-        }
-        let content = match self.content {
-            None => None,
-            Some(Content::Text(t)) => Some(t),
-            Some(Content::Parts(parts)) => {
-                let texts = parts
-                    .into_iter()
-                    .map(|p| match (p.kind.as_str(), p.text) {
-                        ("text", Some(t)) => Ok(t),
-                        _ => Err(Unrendered::NotText),
-                    })
-                    .collect::<Result<Vec<_>, _>>()?;
-                Some(texts.join("\n"))
-            }
-        };
-        Ok(Flat {
-            role: self.role,
+impl Template {
+    fn new(source: String) -> Result<Template, minijinja::Error> {
+        let developer = source.contains("\"developer\"") || source.contains("'developer'");
+        let content = source.contains("content");
+        let mut env = Environment::new();
+        let syntax = minijinja::syntax::SyntaxConfig::builder()
+            .trim_blocks(true)
+            .lstrip_blocks(true)
+            .build()
+            .expect("the default delimiters are valid");
+        env.set_syntax(syntax);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", |message: String| -> Result<Value, _> {
+            Err(minijinja::Error::new(ErrorKind::InvalidOperation, message))
+        });
+        env.add_template_owned("chat", source)?;
+        Ok(Template {
+            env,
+            developer,
             content,
-            name: self.name,
-            tool_call_id: self.tool_call_id,
         })
+    }
+
+    fn render(&self, context: Value) -> Result<String, minijinja::Error> {
+        self.env.get_template("chat")?.render(context)
     }
 }
 

@@ -55,7 +55,7 @@ fn what_is_not_rendered_exactly_says_why() {
             Unrendered::Tools,
         ),
         (
-            br#"{"messages":[{"role":"assistant","content":null,"tool_calls":[]}]}"#,
+            br#"{"messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"c"}]}]}"#,
             Unrendered::Tools,
         ),
         (
@@ -67,7 +67,7 @@ fn what_is_not_rendered_exactly_says_why() {
     for (body, why) in cases {
         assert_eq!(r.tokens(Api::ChatCompletions, body), Err(why));
     }
-    assert_eq!(r.tokens(Api::Messages, b"{}"), Err(Unrendered::Api));
+    assert_eq!(r.tokens(Api::Embeddings, b"{}"), Err(Unrendered::Api));
 }
 
 #[test]
@@ -78,18 +78,189 @@ fn a_template_renders_as_transformers_does() {
     let r = Renderer {
         dir: PathBuf::new(),
         tokenizer: byte_model().tokenizer,
-        template: Some(environment(source.into()).unwrap()),
+        template: Some(Template::new(source.into()).unwrap()),
         specials: [("bos_token".to_string(), "<s>".to_string())].into(),
+        probed: messages::Probed {
+            merge_inline_system: true,
+            disabled_effort: "low",
+        },
+        pieces: None,
     };
     let body = br#"{"messages":[{"role":"user","content":"  hi  "}]}"#;
-    let text = r
-        .render_chat(serde_json::from_slice(body).unwrap())
-        .unwrap();
+    let text = r.render(chat::conversation(body).unwrap()).unwrap();
     // As jinja2 renders it (checked with the vLLM venv's jinja2).
     assert_eq!(text, "<s>\n[USER] hi\n[ASSISTANT]");
     let tool = br#"{"messages":[{"role":"tool","content":"x"}]}"#;
     assert_eq!(
-        r.render_chat(serde_json::from_slice(tool).unwrap()),
+        r.render(chat::conversation(tool).unwrap()),
         Err(Unrendered::Failed)
     );
+}
+
+/// The byte model with `template` (a file of `tests/data/render/`) as its
+/// chat template.
+fn byte_model_with(template: &str) -> Renderer {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = std::env::temp_dir().join(format!("poimen-render-{template}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(root.join("conf/byte-model").join(f), dir.join(f)).unwrap();
+    }
+    let source = root.join("tests/data/render").join(template);
+    std::fs::copy(source, dir.join("chat_template.jinja")).unwrap();
+    let r = Renderer::load(&dir).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    r
+}
+
+/// The requests of `corpus` (`tests/data/render/`) that `r` does not
+/// render to the ids vLLM 0.32 computed for them, and how many it checked.
+fn mismatches(r: &Renderer, corpus: &str) -> (usize, Vec<String>) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/render")
+        .join(corpus);
+    let corpus: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    let text = |ids: &[u32]| {
+        String::from_utf8_lossy(&ids.iter().map(|&i| i as u8).collect::<Vec<_>>()).into_owned()
+    };
+    let mut checked = 0;
+    let mut wrong = Vec::new();
+    for e in corpus["entries"].as_array().unwrap() {
+        let api = match e["api"].as_str().unwrap() {
+            "chat" => Api::ChatCompletions,
+            "completions" => Api::Completions,
+            "messages" => Api::Messages,
+            "responses" => Api::Responses,
+            other => panic!("api {other}"),
+        };
+        let Some(ids) = e.get("token_ids") else {
+            continue;
+        };
+        let want: Vec<u32> = serde_json::from_value(ids.clone()).unwrap();
+        let got = r.tokens(api, &serde_json::to_vec(&e["body"]).unwrap());
+        if got.as_ref() != Ok(&want) {
+            let got = got.map(|g| text(&g));
+            wrong.push(format!(
+                "{}: got {got:?}, want {:?}",
+                e["name"],
+                text(&want)
+            ));
+        }
+        checked += 1;
+    }
+    (checked, wrong)
+}
+
+/// Every request of the corpus recorded from vLLM 0.32 renders to the ids
+/// vLLM computed for it, with the byte model's template (role and content)
+/// and with one that prints every field a message and the request give
+/// the template (names, reasoning, the effort, thinking, kwargs).
+#[test]
+fn chat_messages_and_responses_render_as_vllm_rendered_them() {
+    for (r, corpus) in [
+        (byte_model(), "corpus.json"),
+        (byte_model_with("fields.jinja"), "fields.json"),
+    ] {
+        let (checked, wrong) = mismatches(&r, corpus);
+        assert!(checked >= 50, "{corpus}: {checked} entries");
+        assert!(wrong.is_empty(), "{corpus}:\n{}", wrong.join("\n"));
+    }
+}
+
+/// A byte-level BPE with a few merges and the special tokens of a chat
+/// template, built in place (the shape of Llama 3's and Qwen's).
+fn bpe_with_specials() -> Tokenizer {
+    use tokenizers::models::bpe::BPE;
+    use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+    use tokenizers::AddedToken;
+    let mut alphabet: Vec<char> = ByteLevel::alphabet().into_iter().collect();
+    alphabet.sort();
+    let mut vocab: tokenizers::models::bpe::Vocab = alphabet
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (c.to_string(), i as u32))
+        .collect();
+    let merges: Vec<(String, String)> =
+        [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("Ġ", "Ġ"), ("o", "n")]
+            .iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect();
+    for (a, b) in &merges {
+        let n = vocab.len() as u32;
+        vocab.insert(format!("{a}{b}"), n);
+    }
+    let bpe = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .build()
+        .unwrap();
+    let mut t = Tokenizer::new(bpe);
+    t.with_pre_tokenizer(Some(ByteLevel::default().add_prefix_space(false)));
+    let specials: Vec<AddedToken> = ["<|start|>", "<|eot|>"]
+        .iter()
+        .map(|s| AddedToken::from(*s, true))
+        .collect();
+    t.add_special_tokens(specials).unwrap();
+    t
+}
+
+#[test]
+fn a_prompt_tokenized_by_its_pieces_is_tokenized_as_a_whole() {
+    let t = bpe_with_specials();
+    assert!(pieces::splits_apart(&t));
+    let pieces = pieces::Pieces::new();
+    // Pieces that meet spaces, newlines, other pieces and the text's ends,
+    // each text twice (the second from the kept pieces).
+    let words = [
+        "the",
+        " the",
+        "  ",
+        "\n\n",
+        "on",
+        "é",
+        "<|eot|>",
+        "<|start|>",
+        "x  ",
+        " 42",
+    ];
+    let mut seed = 7u64;
+    let mut cases = Vec::new();
+    for _ in 0..300 {
+        let mut text = String::new();
+        for _ in 0..12 {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            text.push_str(words[(seed >> 33) as usize % words.len()]);
+        }
+        cases.push(text);
+    }
+    for text in cases.iter().chain(&cases) {
+        let whole = t
+            .encode_fast(text.as_str(), false)
+            .unwrap()
+            .get_ids()
+            .to_vec();
+        match pieces.encode(&t, text) {
+            Some(ids) => assert_eq!(ids, whole, "{text:?}"),
+            None => assert!(!text.contains("<|"), "{text:?}"),
+        }
+    }
+}
+
+#[test]
+fn pieces_are_kept_only_where_the_tokenizer_splits_them_apart() {
+    use tokenizers::normalizers::NFKC;
+    use tokenizers::pre_tokenizers::metaspace::{Metaspace, PrependScheme};
+    let mut t = bpe_with_specials();
+    t.with_normalizer(Some(NFKC)).unwrap();
+    assert!(!pieces::splits_apart(&t));
+    let mut t = bpe_with_specials();
+    t.with_pre_tokenizer(Some(Metaspace::new('▁', PrependScheme::First, true)));
+    assert!(!pieces::splits_apart(&t));
+    t.with_pre_tokenizer(Some(Metaspace::new('▁', PrependScheme::Always, true)));
+    assert!(pieces::splits_apart(&t));
+    // The byte model has no special tokens between messages: nothing kept.
+    assert!(pieces::Pieces::new()
+        .encode(&byte_model().tokenizer, "user\nhi\n")
+        .is_none());
 }

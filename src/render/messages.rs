@@ -1,0 +1,194 @@
+//! An Anthropic Messages request as the chat vLLM 0.32 converts it to
+//! (`entrypoints/anthropic/serving.py`, `to_chat_completion_request`):
+//!
+//! ```text
+//! system (a string, or its text blocks joined with "") -> the first message
+//!     (a block that is Claude Code's billing header is left out)
+//! a system message among the messages -> a system message where it stands,
+//!     or merged into the first one when the template rejects a system
+//!     message after the first (vLLM probes the template: Renderer::load)
+//! content blocks: text -> parts (one part -> a string), thinking -> the
+//!     message's reasoning; a user message left without text is dropped
+//! thinking {type: disabled} -> reasoning_effort as vLLM probes it;
+//!     output_config.effort -> reasoning_effort
+//! ```
+//!
+//! Tool use, tool results and tools are not rendered, nor images.
+
+use serde::de::IgnoredAny;
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+use super::chat::{Content, Conversation, Message, Part, BILLING_HEADER};
+use super::Unrendered;
+
+#[derive(Deserialize)]
+struct Body {
+    system: Option<Blocks>,
+    messages: Vec<Turn>,
+    tools: Option<IgnoredAny>,
+    thinking: Option<Thinking>,
+    output_config: Option<OutputConfig>,
+    chat_template_kwargs: Option<Map<String, Value>>,
+    cache_salt: Option<IgnoredAny>,
+}
+
+#[derive(Deserialize)]
+struct Turn {
+    role: String,
+    content: Blocks,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Blocks {
+    Text(String),
+    List(Vec<Block>),
+}
+
+#[derive(Deserialize)]
+struct Block {
+    #[serde(rename = "type")]
+    kind: String,
+    text: Option<String>,
+    thinking: Option<String>,
+    source: Option<IgnoredAny>,
+}
+
+#[derive(Deserialize)]
+struct Thinking {
+    #[serde(rename = "type")]
+    kind: String,
+}
+
+#[derive(Deserialize)]
+struct OutputConfig {
+    effort: Option<String>,
+}
+
+/// How the template and vLLM's probes of it shape a conversion.
+pub(super) struct Probed {
+    /// The template rejects a system message after the first.
+    pub merge_inline_system: bool,
+    /// The reasoning effort `thinking: {type: disabled}` stands for.
+    pub disabled_effort: &'static str,
+}
+
+/// A Messages body as a conversation.
+pub(super) fn conversation(body: &[u8], probed: &Probed) -> Result<Conversation, Unrendered> {
+    let body: Body = serde_json::from_slice(body).map_err(|_| Unrendered::Failed)?;
+    if body.cache_salt.is_some() {
+        return Err(Unrendered::Salted);
+    }
+    if body.tools.is_some() {
+        return Err(Unrendered::Tools);
+    }
+    let mut system: Vec<String> = match body.system {
+        None => Vec::new(),
+        Some(Blocks::Text(t)) => vec![t],
+        Some(Blocks::List(blocks)) => system_texts(blocks),
+    };
+    if probed.merge_inline_system {
+        for turn in body.messages.iter().filter(|t| t.role == "system") {
+            system.extend(inline_system(&turn.content));
+        }
+    }
+    let mut messages = Vec::new();
+    let system = system.concat();
+    if !system.is_empty() {
+        messages.push(Message::text("system", system));
+    }
+    for turn in body.messages {
+        if turn.role == "system" {
+            if !probed.merge_inline_system {
+                if let Some(text) = inline_system(&turn.content) {
+                    messages.push(Message::text("system", text));
+                }
+            }
+            continue;
+        }
+        if let Some(m) = message(turn)? {
+            messages.push(m);
+        }
+    }
+    let mut effort = body.output_config.and_then(|c| c.effort);
+    if body.thinking.is_some_and(|t| t.kind == "disabled") {
+        effort = Some(probed.disabled_effort.to_string());
+    }
+    Ok(Conversation {
+        messages,
+        add_generation_prompt: true,
+        continue_final_message: false,
+        reasoning_effort: effort,
+        kwargs: body.chat_template_kwargs.unwrap_or_default(),
+    })
+}
+
+/// The text of system blocks, without the billing header.
+fn system_texts(blocks: Vec<Block>) -> Vec<String> {
+    blocks
+        .into_iter()
+        .filter(|b| b.kind == "text")
+        .filter_map(|b| b.text)
+        .filter(|t| !t.is_empty() && !t.starts_with(BILLING_HEADER))
+        .collect()
+}
+
+/// The text of a system message among the messages, if any.
+fn inline_system(content: &Blocks) -> Option<String> {
+    let text = match content {
+        Blocks::Text(t) if t.starts_with(BILLING_HEADER) => return None,
+        Blocks::Text(t) => t.clone(),
+        Blocks::List(blocks) => blocks
+            .iter()
+            .filter(|b| b.kind == "text")
+            .filter_map(|b| b.text.as_deref())
+            .filter(|t| !t.is_empty() && !t.starts_with(BILLING_HEADER))
+            .collect(),
+    };
+    (!text.is_empty()).then_some(text)
+}
+
+/// A user or assistant turn as a chat message; `None` for a user turn
+/// left with nothing.
+fn message(turn: Turn) -> Result<Option<Message>, Unrendered> {
+    let blocks = match turn.content {
+        Blocks::Text(t) => return Ok(Some(Message::text(&turn.role, t))),
+        Blocks::List(blocks) => blocks,
+    };
+    let mut parts = Vec::new();
+    let mut reasoning: Option<String> = None;
+    for b in blocks {
+        match b.kind.as_str() {
+            "text" => {
+                if let Some(text) = b.text.filter(|t| !t.is_empty()) {
+                    parts.push(text);
+                }
+            }
+            "image" if b.source.is_some() => return Err(Unrendered::NotText),
+            "thinking" => {
+                if let Some(t) = b.thinking {
+                    reasoning.get_or_insert_with(String::new).push_str(&t);
+                }
+            }
+            "tool_use" | "tool_result" => return Err(Unrendered::Tools),
+            // vLLM skips what else a client echoes (redacted thinking,
+            // tool references, unknown blocks).
+            _ => {}
+        }
+    }
+    if parts.is_empty() && turn.role == "user" {
+        return Ok(None);
+    }
+    let content = match parts.len() {
+        0 => None,
+        1 => parts.pop().map(Content::Text),
+        _ => Some(Content::Parts(parts.into_iter().map(Part::Text).collect())),
+    };
+    Ok(Some(Message {
+        role: turn.role,
+        content,
+        reasoning,
+        ..Message::default()
+    }))
+}

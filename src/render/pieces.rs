@@ -1,0 +1,122 @@
+//! The token ids of a prompt's pieces, kept, so that a conversation's next
+//! turn tokenizes only what is new. The pieces are the text between the
+//! tokenizer's added tokens (the special tokens a chat template puts
+//! between messages): the tokenizer itself splits there first and tokenizes
+//! each piece on its own, so a piece's ids do not depend on what is around
+//! it, and a prompt's ids are its pieces' ids and the added tokens', in
+//! order. That holds where the tokenizer does nothing that depends on a
+//! piece's place in the text: no normalizer but NFC (composition does not
+//! cross an added token), no Metaspace that marks only the text's start
+//! ([`splits_apart`]). Tested against whole encoding in `tests.rs`.
+//!
+//! Memory: two generations of pieces by their text's hash; when the
+//! current one holds `budget / 2` ids it becomes the previous one, and a
+//! piece found in the previous one comes back to the current: the pieces
+//! of recent conversations stay, the rest go, at most `budget` ids (4
+//! bytes each) and one map entry per piece.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use tokenizers::normalizers::NormalizerWrapper;
+use tokenizers::pre_tokenizers::metaspace::PrependScheme;
+use tokenizers::pre_tokenizers::PreTokenizerWrapper;
+use tokenizers::{OffsetReferential, OffsetType, Tokenizer};
+use xxhash_rust::xxh3::xxh3_64;
+
+/// Token ids kept at most, over both generations: 16 MiB.
+const BUDGET: usize = 4 << 20;
+
+pub(super) struct Pieces {
+    inner: Mutex<Generations>,
+}
+
+#[derive(Default)]
+struct Generations {
+    current: HashMap<u64, Arc<[u32]>>,
+    previous: HashMap<u64, Arc<[u32]>>,
+    /// Ids in `current`.
+    held: usize,
+}
+
+/// Whether `tokenizer` tokenizes the text between its added tokens
+/// independently of where that text stands.
+pub(super) fn splits_apart(tokenizer: &Tokenizer) -> bool {
+    let normalizer = match tokenizer.get_normalizer() {
+        None | Some(NormalizerWrapper::NFC(_)) => true,
+        Some(_) => false,
+    };
+    normalizer && tokenizer.get_pre_tokenizer().is_none_or(local)
+}
+
+fn local(p: &PreTokenizerWrapper) -> bool {
+    match p {
+        PreTokenizerWrapper::Metaspace(m) => m.get_prepend_scheme() != PrependScheme::First,
+        PreTokenizerWrapper::Sequence(s) => s.as_ref().iter().all(local),
+        _ => true,
+    }
+}
+
+impl Pieces {
+    pub fn new() -> Self {
+        Pieces {
+            inner: Mutex::default(),
+        }
+    }
+
+    /// The ids of `text`, its pieces' from the store where they are; `None`
+    /// if it is one piece (nothing to keep apart) or does not encode.
+    pub fn encode(&self, tokenizer: &Tokenizer, text: &str) -> Option<Vec<u32>> {
+        let split = tokenizer
+            .get_added_vocabulary()
+            .extract_and_normalize(tokenizer.get_normalizer(), text);
+        let splits = split.get_splits(OffsetReferential::Original, OffsetType::Byte);
+        if splits.len() < 2 {
+            return None;
+        }
+        let mut ids = Vec::new();
+        for (_, (start, end), added) in splits {
+            if let Some(tokens) = added {
+                ids.extend(tokens.iter().map(|t| t.id));
+                continue;
+            }
+            let piece = text.get(start..end)?;
+            let key = xxh3_64(piece.as_bytes());
+            let kept = self.inner.lock().unwrap().get(key);
+            let piece_ids = match kept {
+                Some(k) => k,
+                None => {
+                    let encoding = tokenizer.encode_fast(piece, false).ok()?;
+                    let new: Arc<[u32]> = encoding.get_ids().into();
+                    self.inner.lock().unwrap().put(key, new.clone());
+                    new
+                }
+            };
+            ids.extend_from_slice(&piece_ids);
+        }
+        Some(ids)
+    }
+}
+
+impl Generations {
+    fn get(&mut self, key: u64) -> Option<Arc<[u32]>> {
+        if let Some(ids) = self.current.get(&key) {
+            return Some(ids.clone());
+        }
+        let ids = self.previous.remove(&key)?;
+        self.put(key, ids.clone());
+        Some(ids)
+    }
+
+    fn put(&mut self, key: u64, ids: Arc<[u32]>) {
+        if ids.len() > BUDGET / 4 {
+            return;
+        }
+        if self.held + ids.len() > BUDGET / 2 {
+            self.previous = std::mem::take(&mut self.current);
+            self.held = 0;
+        }
+        self.held += ids.len();
+        self.current.insert(key, ids);
+    }
+}
