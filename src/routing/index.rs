@@ -18,6 +18,12 @@
 //! request's chain once (one map probe per matched block), whatever the
 //! number of backends.
 //!
+//! Where a model's KV-cache events keep it exact, what the gateway routes
+//! counts only until they confirm it, for a while
+//! ([`insert_unconfirmed`]): what they never confirm is not believed for
+//! long.
+//!
+//! [`insert_unconfirmed`]: PrefixIndex::insert_unconfirmed
 //! [`trim`]: PrefixIndex::trim
 //! [`forget`]: PrefixIndex::forget
 
@@ -25,6 +31,7 @@ use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::net::SocketAddr;
 use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use smallvec::SmallVec;
 
@@ -35,6 +42,7 @@ pub struct PrefixIndex {
     per_backend: usize,
     /// Blocks held over all backends at most: the index's memory bound.
     total: usize,
+    epoch: Instant,
 }
 
 /// What a lookup finds: the few backends holding a prompt's head, on the
@@ -65,6 +73,9 @@ struct Inner {
 #[derive(Clone, Copy)]
 struct Holder {
     id: u32,
+    /// 0: held; else held only until this time ([`PrefixIndex::now`]),
+    /// unless confirmed before.
+    until: u32,
     tick: u64,
 }
 
@@ -85,20 +96,28 @@ impl PrefixIndex {
             inner: Mutex::default(),
             per_backend: per_backend.max(1),
             total: total.max(1),
+            epoch: Instant::now(),
         }
+    }
+
+    /// Tenths of a second since the index began (a u32 lasts 13 years).
+    fn now(&self) -> u32 {
+        (self.epoch.elapsed().as_millis() / 100) as u32
     }
 
     /// The backends holding the head of `chain`, each with how many of its
     /// leading blocks; a backend holding none is not listed.
     pub fn lookup(&self, chain: &[u64]) -> Holders {
+        let now = self.now();
         let inner = self.lock();
         let mut held = Holders::new();
         for (depth, block) in chain.iter().enumerate() {
             let Some(holders) = inner.blocks.get(block) else {
                 break;
             };
+            let holders = holders.iter().filter(|h| h.until == 0 || h.until > now);
             if depth == 0 {
-                held.extend(holders.iter().filter_map(|h| {
+                held.extend(holders.filter_map(|h| {
                     let addr = inner.backends[h.id as usize].as_ref()?.addr;
                     Some(Held {
                         addr,
@@ -110,7 +129,7 @@ impl PrefixIndex {
             }
             let mut deeper = false;
             for h in held.iter_mut().filter(|h| h.blocks == depth) {
-                if holders.iter().any(|holder| holder.id == h.id) {
+                if holders.clone().any(|holder| holder.id == h.id) {
                     h.blocks += 1;
                     deeper = true;
                 }
@@ -125,6 +144,18 @@ impl PrefixIndex {
     /// `addr` was given `chain` to prefill: it holds all of it now, most
     /// recently used.
     pub fn insert(&self, addr: SocketAddr, chain: &[u64]) {
+        self.put(addr, chain, 0);
+    }
+
+    /// As [`insert`](Self::insert), but the blocks not held already count
+    /// only for `ttl`, unless an insert confirms them before (the backend's
+    /// events say it stored them).
+    pub fn insert_unconfirmed(&self, addr: SocketAddr, chain: &[u64], ttl: Duration) {
+        let until = self.now() + (ttl.as_millis() / 100).max(1) as u32;
+        self.put(addr, chain, until);
+    }
+
+    fn put(&self, addr: SocketAddr, chain: &[u64], until: u32) {
         if chain.is_empty() {
             return;
         }
@@ -142,10 +173,16 @@ impl PrefixIndex {
         for block in chain.iter().rev() {
             let holders = inner.blocks.entry(*block).or_default();
             match holders.iter_mut().find(|h| h.id == backend.id) {
-                Some(h) => h.tick = tick,
+                Some(h) => {
+                    h.tick = tick;
+                    if h.until != 0 {
+                        h.until = if until == 0 { 0 } else { h.until.max(until) };
+                    }
+                }
                 None => {
                     holders.push(Holder {
                         id: backend.id,
+                        until,
                         tick,
                     });
                     backend.count += 1;
@@ -338,6 +375,23 @@ mod tests {
             .collect();
         out.sort();
         out
+    }
+
+    #[test]
+    fn unconfirmed_blocks_count_for_their_while_and_confirmed_ones_stay() {
+        let index = PrefixIndex::new(100, 1000);
+        let ttl = Duration::from_millis(100);
+        index.insert_unconfirmed(addr(1), &[1, 2, 3], ttl);
+        index.insert_unconfirmed(addr(2), &[1, 2, 3], ttl);
+        // Backend 2's events confirm the first two blocks.
+        index.insert(addr(2), &[1, 2]);
+        assert_eq!(held(&index, &[1, 2, 3]), vec![(1, 3), (2, 3)]);
+        std::thread::sleep(Duration::from_millis(250));
+        assert_eq!(held(&index, &[1, 2, 3]), vec![(2, 2)]);
+        // Routed again unconfirmed: confirmed blocks stay confirmed.
+        index.insert_unconfirmed(addr(2), &[1, 2, 3], ttl);
+        std::thread::sleep(Duration::from_millis(250));
+        assert_eq!(held(&index, &[1, 2, 3]), vec![(2, 2)]);
     }
 
     #[test]

@@ -10,7 +10,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use http::HeaderValue;
 use smallvec::SmallVec;
@@ -22,6 +22,11 @@ use super::prefix::DerivedKey;
 use super::{Affinity, Candidate, Chain, Facts, Policy, Ranking, Request, Route, RoutingTable};
 use crate::api::Api;
 use crate::body::Prompt;
+
+/// How long a prompt routed to a backend of a model with KV-cache events
+/// counts as held there before its events confirm it: the backend's queue
+/// and the prefill, with room to spare.
+pub const UNCONFIRMED: Duration = Duration::from_secs(10);
 
 /// One model's routing policy and the state it keeps across requests and
 /// backend sets.
@@ -173,10 +178,19 @@ impl<S: Fn(usize) -> Facts> Plan<'_, S> {
     }
 
     /// `candidate` gave the request a slot or a queue place: it will
-    /// prefill the prompt, so the index takes it to hold it from now on.
+    /// prefill the prompt, so the index takes it to hold it from now on;
+    /// a prompt in tokens, until the backend's events say it stored it
+    /// (or for [`UNCONFIRMED`] if they never do: the request failed first,
+    /// or its blocks went before anyone asked).
     pub fn admitted(self, candidate: Candidate) {
-        if let Some(index) = self.index {
-            index.insert(candidate.addr, &self.input.chain.links);
+        let Some(index) = self.index else {
+            return;
+        };
+        let chain = &self.input.chain;
+        if chain.rendered == Some(Ok(())) {
+            index.insert_unconfirmed(candidate.addr, &chain.links, UNCONFIRMED);
+        } else {
+            index.insert(candidate.addr, &chain.links);
         }
     }
 }
