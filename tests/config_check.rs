@@ -32,6 +32,8 @@ fn bad_configs_are_refused_naming_the_field() {
         ("gateway:\n  routing: {prefix_index: {cache_tokens: 1000}}\n  models: [{name: m, address: \"127.0.0.1:1\", kv_events: {port: 5557, block_size: 16, tokenizer: /nowhere}}]\n", "gateway.models[0].kv_events.tokenizer = \"/nowhere\": /nowhere/tokenizer.json"),
         ("gateway:\n  routing: {prefix_index: {cache_tokens: 1000}}\n  models: [{name: m, address: \"127.0.0.1:1\", kv_events: {port: 0, block_size: 16, tokenizer: conf/byte-model}}]\n", "gateway.models[0].kv_events.port = 0"),
         ("gateway:\n  routing: {prefix_index: {cache_tokens: 1000}}\n  models: [{name: m, addresses: [{address: \"127.0.0.1:1\", kv_events: {port: 5}}]}]\n", "gateway.models[0].addresses[0].kv_events = \"127.0.0.1:1\": needs the model's `kv_events`"),
+        ("gateway:\n  routing: {prefix_index: {cache_tokens: 1000}}\n  models: [{name: m, addresses: [\"127.0.0.1:8000\", \"127.0.0.1:8001\"], kv_events: {port: 5557, block_size: 16, tokenizer: conf/byte-model}}]\n", "127.0.0.1:8001\": publishes KV-cache events on 127.0.0.1:5557, a port 127.0.0.1:8000 takes too"),
+        ("gateway:\n  routing: {prefix_index: {cache_tokens: 1000}}\n  models: [{name: m, addresses: [\"127.0.0.2:8000\", {address: \"127.0.0.3:8000\", kv_events: {port: 8000}}], kv_events: {port: 5557, block_size: 16, tokenizer: conf/byte-model}}]\n", "publishes KV-cache events on 127.0.0.3:8000, a port 127.0.0.3:8000 takes too"),
     ];
     for (yaml, want) in cases {
         let out = check_config(yaml);

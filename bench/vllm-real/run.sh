@@ -16,6 +16,10 @@
 # `--trace` (first) runs trace.py instead: one request of each API through the
 # gateway to a vLLM that traces, and the trace that holds both their spans
 # (bench/results/vllm-trace.md, about 5 minutes).
+# KV-cache events (expected against reported cached tokens, a restart) are
+# events.py's, run with this venv's python once it is installed:
+#   POIMEN_BIN_DIR=DIR bench/vllm-real/.venv/bin/python bench/vllm-real/events.py
+# (bench/results/vllm-events.md, about 6 minutes).
 # Not part of CI: about 10-15 minutes on the 2-core machine, most of it the
 # vLLM servers' start-up. The gateway and vllm-sim come from POIMEN_BIN_DIR
 # (default target/release), as for the other benches.

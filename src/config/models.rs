@@ -2,6 +2,7 @@
 //! see `address`) and its own admission limits and balance factor.
 
 use std::collections::HashSet;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -279,6 +280,7 @@ fn validate_model(
             ));
         };
         let exact = kv_events(&at, events, own_ports)?;
+        ports_apart(&list_path, &backends, &exact.endpoints)?;
         // The index's blocks are the backends' own; the events say what
         // each holds, so only the index's own bound limits a backend.
         let blocks = |b: usize| {
@@ -317,11 +319,7 @@ pub const EVENT_PORT: Bound<u64> = Bound::new(
     65535,
 );
 
-fn kv_events(
-    at: &str,
-    f: KvEventsFile,
-    own: Vec<(std::net::SocketAddr, Ports)>,
-) -> Result<Exact, Invalid> {
+fn kv_events(at: &str, f: KvEventsFile, own: Vec<(SocketAddr, Ports)>) -> Result<Exact, Invalid> {
     let block_size = BLOCK_SIZE.check(&format!("{at}.block_size"), f.block_size)? as usize;
     let renderer = Renderer::load(Path::new(&f.tokenizer))
         .map_err(|e| invalid(format!("{at}.tokenizer"), &f.tokenizer, &e))?;
@@ -333,6 +331,35 @@ fn kv_events(
         },
         renderer: Arc::new(renderer),
     })
+}
+
+/// Each backend's event sockets are its own: two vLLM servers on one host
+/// cannot bind one port, nor the port another serves HTTP on (backends
+/// by name are not known before they resolve).
+fn ports_apart(list_path: &str, backends: &[BackendConfig], e: &Endpoints) -> Result<(), Invalid> {
+    let addrs: Vec<(usize, SocketAddr)> = backends
+        .iter()
+        .enumerate()
+        .filter_map(|(i, b)| match b.target {
+            Target::Addr(a) => Some((i, a)),
+            Target::Name { .. } => None,
+        })
+        .collect();
+    let mut taken: Vec<(SocketAddr, SocketAddr)> = addrs.iter().map(|(_, a)| (*a, *a)).collect();
+    for (i, a) in &addrs {
+        let ports = e.of(a);
+        for port in std::iter::once(ports.port).chain(ports.replay_port) {
+            let socket = SocketAddr::new(a.ip(), port);
+            if let Some((_, other)) = taken.iter().find(|(s, _)| *s == socket) {
+                let why = format!(
+                    "publishes KV-cache events on {socket}, a port {other} takes too: give each backend on one host its own `addresses[].kv_events`"
+                );
+                return Err(invalid(format!("{list_path}[{i}]"), a.to_string(), &why));
+            }
+            taken.push((socket, *a));
+        }
+    }
+    Ok(())
 }
 
 /// A PUB port and a replay port, checked.

@@ -61,7 +61,7 @@ pub struct Ports {
 }
 
 impl Endpoints {
-    fn of(&self, addr: &SocketAddr) -> Ports {
+    pub fn of(&self, addr: &SocketAddr) -> Ports {
         self.own
             .iter()
             .find(|(a, _)| a == addr)
