@@ -94,25 +94,26 @@ async fn warm(sim: &Sim, name: &str) {
 }
 
 /// `name`'s conversation through `gw`: its backend, route and the tokens
-/// the gateway expected cached there.
+/// the gateway expected cached there, and the tokens the sim reported.
 async fn ask(gw: &Gateway, name: &str) -> (String, String, u64, u64) {
-    let resp = client()
-        .post(gw.url("/v1/chat/completions"))
-        .json(&body(name))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200, "{name}");
+    let (backend, route, expected, v) = post(gw, "/v1/chat/completions", &body(name)).await;
+    let cached = v["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap_or(0);
+    (backend, route, expected, cached)
+}
+
+/// `body` to `path` through `gw`: its backend, route, the tokens the
+/// gateway expected cached there, and the answer.
+async fn post(gw: &Gateway, path: &str, body: &Value) -> (String, String, u64, Value) {
+    let resp = client().post(gw.url(path)).json(body).send().await.unwrap();
+    assert_eq!(resp.status(), 200, "{path} {body}");
     let backend = header(&resp, "x-poimen-backend");
     let route = header(&resp, "x-poimen-route");
     let expected = header(&resp, "x-poimen-expected-cached-tokens")
         .parse()
         .unwrap();
-    let v: Value = resp.json().await.unwrap();
-    let cached = v["usage"]["prompt_tokens_details"]["cached_tokens"]
-        .as_u64()
-        .unwrap_or(0);
-    (backend, route, expected, cached)
+    (backend, route, expected, resp.json().await.unwrap())
 }
 
 async fn metric(gw: &Gateway, name: &str, labels: &[(&str, &str)]) -> f64 {
@@ -311,21 +312,8 @@ async fn messages_and_responses_requests_match_the_blocks_their_chat_cached() {
         let responses = json!({"model": "m", "max_output_tokens": 4, "instructions": system,
             "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "go on"}]}]});
         for (path, body) in [("/v1/messages", messages), ("/v1/responses", responses)] {
-            let resp = client()
-                .post(gw.url(path))
-                .json(&body)
-                .send()
-                .await
-                .unwrap();
-            assert_eq!(resp.status(), 200, "{name} {path}");
-            assert_eq!(
-                header(&resp, "x-poimen-backend"),
-                sim.addr.to_string(),
-                "{name} {path}"
-            );
-            let expected: u64 = header(&resp, "x-poimen-expected-cached-tokens")
-                .parse()
-                .unwrap();
+            let (backend, _, expected, _) = post(&gw, path, &body).await;
+            assert_eq!(backend, sim.addr.to_string(), "{name} {path}");
             assert_eq!(expected, whole, "{name} {path}");
         }
     }

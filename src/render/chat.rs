@@ -136,8 +136,7 @@ impl Part {
 /// vLLM hands them to it: developer messages made system ones, and every
 /// system message's text merged into one first message (blank lines
 /// between), if one is not first.
-pub(super) fn developer_as_system(messages: Vec<Value>) -> Vec<Value> {
-    let mut messages = messages;
+pub(super) fn developer_as_system(mut messages: Vec<Value>) -> Vec<Value> {
     for m in &mut messages {
         if m["role"] == "developer" {
             m["role"] = Value::from("system");

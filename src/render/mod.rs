@@ -222,7 +222,7 @@ impl Renderer {
             })
         };
         let disabled_effort = match hi("none") {
-            Ok(none) if EFFORTS.iter().all(|e| hi(e).ok() != Some(none.clone())) => "none",
+            Ok(none) if EFFORTS.iter().all(|e| hi(e).as_ref() != Ok(&none)) => "none",
             _ => "low",
         };
         messages::Probed {
