@@ -42,6 +42,12 @@ pub fn add(
     let mut proxy = ProxyServiceBuilder::new(&server.configuration, gateway)
         .client_options(upstream)
         .build();
+    // A reload closes no connection under a request the client is sending:
+    // an idle one is answered `Connection: close` at its next request
+    // (vendor/pingora-proxy).
+    if let Some(app) = proxy.app_logic_mut() {
+        app.answer_idle_connections_at_shutdown = true;
+    }
     for l in listen {
         let addr = l.addr.to_string();
         match &l.tls {

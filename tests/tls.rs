@@ -402,12 +402,6 @@ struct Tally {
     ok: AtomicUsize,
     /// Failed requests, each with what went wrong.
     failed: Mutex<Vec<String>>,
-    /// Fresh connections closed with no answer at all (see the end of the
-    /// test).
-    closed_unread: Mutex<Vec<String>>,
-    /// Requests on reused connections that the old process closed as they
-    /// were sent (see the end of the test).
-    reused_closed: Mutex<Vec<String>>,
     /// The certificates the responses came over, and how many each.
     certificates: Mutex<Vec<(Vec<u8>, usize)>>,
     /// Responses over HTTP/2.
@@ -415,7 +409,7 @@ struct Tally {
 }
 
 impl Tally {
-    fn record(&self, result: Result<reqwest::Response, reqwest::Error>, who: &str, fresh: bool) {
+    fn record(&self, result: Result<reqwest::Response, reqwest::Error>, who: &str) {
         match result {
             Ok(resp) if resp.status() == 200 => {
                 if resp.version() == http::Version::HTTP_2 {
@@ -434,13 +428,6 @@ impl Tally {
                 .lock()
                 .unwrap()
                 .push(format!("{who}: status {}", resp.status())),
-            Err(e) if e.is_request() => {
-                let closed = match fresh {
-                    true => &self.closed_unread,
-                    false => &self.reused_closed,
-                };
-                closed.lock().unwrap().push(format!("{who}: {e:?}"));
-            }
             Err(e) => self.failed.lock().unwrap().push(format!("{who}: {e:?}")),
         }
     }
@@ -491,7 +478,7 @@ async fn a_graceful_upgrade_under_load_swaps_the_certificate() {
             tokio::spawn(async move {
                 while !stop.load(Ordering::Relaxed) {
                     let result = client.post(&url).body(chat_body("m", "load")).send().await;
-                    tally.record(result, &format!("worker {w}"), fresh);
+                    tally.record(result, &format!("worker {w}"));
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
             })
@@ -541,32 +528,15 @@ async fn a_graceful_upgrade_under_load_swaps_the_certificate() {
         tally.h2.load(Ordering::Relaxed),
     );
     let failed = tally.failed.lock().unwrap().clone();
-    let closed_unread = tally.closed_unread.lock().unwrap().clone();
-    let reused_closed = tally.reused_closed.lock().unwrap().clone();
     let (on_old, on_new) = (tally.count_of(&old_leaf.der), tally.count_of(&new_leaf.der));
     eprintln!(
-        "tls reload: {ok} ok ({h2} over HTTP/2; {on_old} over the old certificate, {on_new} over the new), {} failed, {} fresh connections closed unread, {} requests on reused connections closed as sent; old process gone {:?} after SIGQUIT",
+        "tls reload: {ok} ok ({h2} over HTTP/2; {on_old} over the old certificate, {on_new} over the new), {} failed; old process gone {:?} after SIGQUIT",
         failed.len(),
-        closed_unread.len(),
-        reused_closed.len(),
         quit_at.elapsed()
     );
+    // Not one: the old process answers what it accepted, an idle
+    // keep-alive connection at its next request (`Connection: close`).
     assert!(failed.is_empty(), "failed requests: {failed:#?}");
-    // As in reload.rs: Pingora 0.9 drops a connection still waiting for its
-    // first request when the old process's shutdown fires, 5 s after
-    // SIGQUIT; one it accepted in the last instant closes unanswered (and
-    // unread, so a client's retry is safe). A few per upgrade at most.
-    assert!(
-        closed_unread.len() <= 4,
-        "closed unread: {closed_unread:#?}"
-    );
-    // As in reload.rs: a reused connection idle at that moment is closed
-    // too (every response after it says `Connection: close`), and a request
-    // the client wrote in that instant fails unread.
-    assert!(
-        reused_closed.len() <= 2,
-        "reused connections closed as sent: {reused_closed:#?}"
-    );
     assert!(on_old > 0 && on_new > 0, "old {on_old}, new {on_new}");
     assert_eq!(
         on_old + on_new,

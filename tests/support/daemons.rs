@@ -2,6 +2,7 @@
 //! SIGQUIT to the old process), as systemd's reload does.
 
 use std::net::SocketAddr;
+use std::path::Path;
 use std::process::Command;
 
 use crate::support::eventually;
@@ -68,6 +69,35 @@ pub async fn upgrade(d: &mut Daemons, listening: (SocketAddr, SocketAddr)) -> u3
         .unwrap();
     assert!(new.wait().await.unwrap().success(), "upgrade failed");
     let pid = d.next_pid(old).await;
+    assert_eq!(
+        d.conf.listening(pid).await,
+        listening,
+        "the new daemon does not listen on the old one's sockets"
+    );
+    old
+}
+
+/// `systemctl reload`: the unit's reload script (the package's
+/// `/usr/lib/poimen-gateway/reload`) on this config and the binary at `bin`,
+/// as the unit's ExecReload= and a package upgrade run it. Returns the old pid.
+pub async fn reload(d: &mut Daemons, listening: (SocketAddr, SocketAddr), bin: &Path) -> u32 {
+    let old = d.pid();
+    d.pids.push(old);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/systemd/poimen-gateway-reload");
+    // The new daemon inherits the script's stdout and stderr.
+    let status = tokio::process::Command::new("sh")
+        .arg(script)
+        .arg(d.conf.path())
+        .env("POIMEN_GATEWAY_BIN", bin)
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(d.conf.log_file())
+        .status()
+        .await
+        .unwrap();
+    assert!(status.success(), "the reload failed: {}", d.conf.log());
+    let pid = d.pid();
+    assert!(pid != old, "the reload left pid {old}: {}", d.conf.log());
     assert_eq!(
         d.conf.listening(pid).await,
         listening,

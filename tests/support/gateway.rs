@@ -149,19 +149,24 @@ impl Conf {
     /// `poimen-gateway ARGS -c gateway.yaml`, logging at info level to
     /// `stderr.log` (appended to: a daemon keeps the file as its stderr).
     pub fn command(&self, args: &[&str]) -> Command {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.join("stderr.log"))
-            .unwrap();
         let mut cmd = Command::new(BIN);
         cmd.args(args)
             .arg("-c")
             .arg(self.path())
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
-            .stderr(log);
+            .stderr(self.log_file());
         cmd
+    }
+
+    /// The log, to append to: a daemon keeps the stderr it was started
+    /// with, so it must be a file, never a pipe someone waits to close.
+    pub fn log_file(&self) -> std::fs::File {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("stderr.log"))
+            .unwrap()
     }
 
     /// Where a new process (`-u`) waits for the listening sockets.

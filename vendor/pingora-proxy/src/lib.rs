@@ -193,6 +193,15 @@ where
     pub upstream_modules: HttpModules,
     max_retries: usize,
     process_custom_session: Option<ProcessCustomSession<SV, C>>,
+    // Modified for poimen-gateway: see `handle_new_request`.
+    /// At a graceful shutdown, keep a connection that waits for its next
+    /// request until that request comes (it is answered with
+    /// `Connection: close`) or the connection's keep-alive or read timeout
+    /// ends, instead of closing it at once. Closing it at once fails the
+    /// request a client is sending at that moment, which it cannot know
+    /// was never read. Off by default, as in Pingora: the process then
+    /// lingers until its idle connections time out or the grace period ends.
+    pub answer_idle_connections_at_shutdown: bool,
 }
 
 impl<SV> HttpProxy<SV, ()> {
@@ -229,6 +238,7 @@ impl<SV> HttpProxy<SV, ()> {
             upstream_modules: HttpModules::new(),
             max_retries: conf.max_retries,
             process_custom_session: None,
+            answer_idle_connections_at_shutdown: false,
         }
     }
 }
@@ -265,6 +275,7 @@ where
             max_retries: conf.max_retries,
             process_custom_session: on_custom,
             h2_options: None,
+            answer_idle_connections_at_shutdown: false,
         }
     }
 
@@ -329,12 +340,17 @@ where
     {
         // phase 1 read request header
 
-        let res = tokio::select! {
-            biased; // biased select is cheaper, and we don't want to drop already buffered requests
-            res = downstream_session.read_request() => { res }
-            _ = self.await_shutdown() => {
-                // service shutting down, dropping the connection to stop more req from coming in
-                return None;
+        // Modified for poimen-gateway: unless `answer_idle_connections_at_shutdown`.
+        let res = if self.answer_idle_connections_at_shutdown {
+            downstream_session.read_request().await
+        } else {
+            tokio::select! {
+                biased; // biased select is cheaper, and we don't want to drop already buffered requests
+                res = downstream_session.read_request() => { res }
+                _ = self.await_shutdown() => {
+                    // service shutting down, dropping the connection to stop more req from coming in
+                    return None;
+                }
             }
         };
         match res {
