@@ -53,6 +53,13 @@ pub enum ApiError {
     },
     #[error("the backend could not be reached: {0}")]
     BadGateway(String),
+    /// A LoRA adapter could not be loaded on demand: the backend's answer,
+    /// which stands for every request for it until `retry_after` ends.
+    #[error("{message}")]
+    AdapterLoadFailed {
+        message: String,
+        retry_after: Duration,
+    },
     #[error("the backend did not answer in time")]
     GatewayTimeout,
 }
@@ -82,7 +89,7 @@ impl ApiError {
             | ApiError::QueueTimeout { .. }
             | ApiError::StoredUnavailable { .. } => 503,
             ApiError::OverBudget { .. } => 429,
-            ApiError::BadGateway(_) => 502,
+            ApiError::BadGateway(_) | ApiError::AdapterLoadFailed { .. } => 502,
             ApiError::GatewayTimeout => 504,
         }
     }
@@ -101,7 +108,8 @@ impl ApiError {
             ApiError::GatewayTimeout => "timeout_error",
             ApiError::NoBackend { .. }
             | ApiError::StoredUnavailable { .. }
-            | ApiError::BadGateway(_) => "api_error",
+            | ApiError::BadGateway(_)
+            | ApiError::AdapterLoadFailed { .. } => "api_error",
         }
     }
 
@@ -126,6 +134,7 @@ impl ApiError {
             ApiError::QueueTimeout { .. } => ("server_error", "queue_timeout"),
             ApiError::OverBudget { limit, .. } => ("rate_limit_error", limit),
             ApiError::BadGateway(_) => ("server_error", "bad_gateway"),
+            ApiError::AdapterLoadFailed { .. } => ("server_error", "adapter_load_failed"),
             ApiError::GatewayTimeout => ("server_error", "gateway_timeout"),
         }
     }
@@ -136,6 +145,7 @@ impl ApiError {
             // Round up: retrying before the backend returns is wasted.
             ApiError::NoBackend { retry_after, .. }
             | ApiError::OverBudget { retry_after, .. }
+            | ApiError::AdapterLoadFailed { retry_after, .. }
             | ApiError::StoredUnavailable {
                 retry_after: Some(retry_after),
                 ..

@@ -186,6 +186,14 @@ pub static LEARN_FAILURES: LazyLock<IntCounterVec> = LazyLock::new(|| {
     )
 });
 
+pub static REFUSED_NAMES: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter_vec(
+        "poimen_gateway_learned_names_refused_total",
+        "Names in a learned pool's backend's model list that are no model name (blank, or with control characters), each time it lists them",
+        BACKEND,
+    )
+});
+
 pub static ADAPTER_LOADS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     counter_vec(
         "poimen_gateway_adapter_loads_total",

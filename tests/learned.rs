@@ -5,9 +5,9 @@ use std::collections::HashSet;
 
 use serde_json::{json, Value};
 
-use crate::support::gateway::check_config;
+use crate::support::gateway::{check_config, TempDir};
 use crate::support::sim::Sim;
-use crate::support::{client, eventually, get, header, FakeBackend, Gateway};
+use crate::support::{client, eventually, get, header, FakeBackend, Gateway, Reply};
 
 /// The ids (and parents) the gateway lists.
 async fn listed(gw: &Gateway) -> Vec<(String, Option<String>)> {
@@ -149,13 +149,7 @@ async fn names_are_learned_routed_where_listed_kept_through_silence_and_forgotte
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_adapter_in_the_directory_is_loaded_once_where_routing_picks() {
-    let adapters = |name: &str| {
-        let dir = crate::support::gateway::temp_dir();
-        std::fs::create_dir_all(dir.join(name)).unwrap();
-        std::fs::write(dir.join(name).join("adapter_config.json"), "{}").unwrap();
-        dir
-    };
-    let (dir, refused_dir) = (adapters("hot"), adapters("broken"));
+    let (dir, refused_dir) = (adapter_dir(&["hot"]), adapter_dir(&["broken"]));
     // A load takes 0.3 s: the requests below all arrive while it runs.
     let loads = ["--allow-runtime-lora-updating", "--lora-load-us", "300000"];
     let sims = [
@@ -258,4 +252,270 @@ async fn check_refuses_a_name_both_configured_and_learned() {
         silent.local_addr().unwrap()
     );
     assert!(stderr.contains(&silent), "{stderr}");
+}
+
+/// A chat for `model` with an optional cache key: its status, backend and
+/// route.
+async fn keyed_chat(gw: &Gateway, model: &str, key: Option<&str>) -> (u16, String, String) {
+    let body =
+        json!({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2});
+    let mut request = client().post(gw.url("/v1/chat/completions")).json(&body);
+    if let Some(key) = key {
+        request = request.header("X-Poimen-Cache-Key", key);
+    }
+    let resp = request.send().await.unwrap();
+    let status = resp.status().as_u16();
+    let (backend, route) = (
+        header(&resp, "x-poimen-backend"),
+        header(&resp, "x-poimen-route"),
+    );
+    (status, backend, route)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_adapter_on_part_of_the_pool_is_routed_without_a_fallback() {
+    let a = Sim::start("base-m", &["--lora-modules", "lora-a=/a/lora-a"]);
+    let b = Sim::start("base-m", &["--lora-modules", "lora-b=/a/lora-b"]);
+    let c = Sim::start("base-m", &[]);
+    let gw = Gateway::start(&format!(
+        "  discovery: {{refresh_secs: 0.2}}\n  models:\n    \
+         - addresses: [\"{}\", \"{}\", \"{}\"]\n",
+        a.addr, b.addr, c.addr
+    ))
+    .await;
+    eventually("the adapters learned", || async {
+        has(&gw, "lora-a").await && has(&gw, "lora-b").await
+    })
+    .await;
+    for i in 0..12 {
+        let key = format!("session-{i}");
+        for (key, route) in [(None, "round_robin"), (Some(key.as_str()), "hash")] {
+            let (status, backend, got) = keyed_chat(&gw, "lora-a", key).await;
+            assert_eq!(
+                (status, backend.as_str(), got.as_str()),
+                (200, &*a.addr.to_string(), route),
+                "{key:?}"
+            );
+        }
+    }
+    let fallbacks = [("route", "fallback")];
+    let text = gw.metrics_text().await;
+    let sum: f64 = text
+        .lines()
+        .filter(|l| l.starts_with("poimen_gateway_requests_total{"))
+        .filter(|l| l.contains(r#"route="fallback""#))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(sum, 0.0, "{fallbacks:?} with no failure: {text}");
+}
+
+/// A directory holding adapters `names` (each an `adapter_config.json`).
+fn adapter_dir(names: &[&str]) -> TempDir {
+    let dir = crate::support::gateway::temp_dir();
+    for name in names {
+        std::fs::create_dir_all(dir.join(name)).unwrap();
+        std::fs::write(dir.join(name).join("adapter_config.json"), "{}").unwrap();
+    }
+    dir
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_load_is_shared_and_not_retried_at_once() {
+    let dir = adapter_dir(&["lora-oom"]);
+    // Every load fails after 0.7 s, as an engine out of memory answers.
+    let fails = [
+        "--allow-runtime-lora-updating",
+        "--lora-load-us",
+        "700000",
+        "--lora-load-fails",
+    ];
+    let sims = [
+        Sim::start_scaled("base-m", "1", &fails),
+        Sim::start_scaled("base-m", "1", &fails),
+        Sim::start_scaled("base-m", "1", &fails),
+    ];
+    let gw = Gateway::start(&format!(
+        "  discovery: {{refresh_secs: 0.2}}\n  models:\n    \
+         - {{addresses: [\"{}\", \"{}\", \"{}\"], load_adapters_from: \"{}\"}}\n",
+        sims[0].addr,
+        sims[1].addr,
+        sims[2].addr,
+        dir.display()
+    ))
+    .await;
+    eventually("the base model learned", || has(&gw, "base-m")).await;
+    let gw = std::sync::Arc::new(gw);
+    let mut asks = tokio::task::JoinSet::new();
+    for _ in 0..6 {
+        let gw = gw.clone();
+        asks.spawn(async move {
+            let body =
+                json!({"model": "lora-oom", "messages": [{"role": "user", "content": "hi"}]});
+            let resp = client()
+                .post(gw.url("/v1/chat/completions"))
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            let retry_after = header(&resp, "retry-after");
+            let status = resp.status().as_u16();
+            let answer: Value = resp.json().await.unwrap();
+            (status, retry_after, answer)
+        });
+    }
+    while let Some(answer) = asks.join_next().await {
+        let (status, retry_after, answer) = answer.unwrap();
+        assert_eq!(status, 502, "{answer}");
+        assert!(!retry_after.is_empty(), "no Retry-After");
+        let message = answer["error"]["message"].as_str().unwrap();
+        assert!(
+            message.starts_with("loading adapter `lora-oom` on ") && message.contains("(500)"),
+            "{message}"
+        );
+        assert_eq!(answer["error"]["code"], "adapter_load_failed");
+    }
+    // One more at once: the failure stands, no backend is asked again.
+    assert_eq!(chat(&gw, "lora-oom").await.0, 502);
+    let mut failures = 0.0;
+    for sim in &sims {
+        failures += sim.metric("sim_lora_load_failures_total").await;
+    }
+    assert_eq!(failures, 1.0, "one load for seven requests");
+    let failed = [("result", "failed")];
+    assert_eq!(
+        gw.metric("poimen_gateway_adapter_loads_total", &failed)
+            .await,
+        1.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_list_in_flight_does_not_erase_a_load_just_made() {
+    let names = ["lora-r0", "lora-r1", "lora-r2", "lora-r3"];
+    let dir = adapter_dir(&names);
+    // A list takes 0.8 s and one is asked every 1.8 s; a load takes 0.3 s.
+    let slow = [
+        "--allow-runtime-lora-updating",
+        "--lora-load-us",
+        "300000",
+        "--models-delay-us",
+        "800000",
+    ];
+    let sims = [
+        Sim::start_scaled("base-m", "1", &slow),
+        Sim::start_scaled("base-m", "1", &slow),
+        Sim::start_scaled("base-m", "1", &slow),
+    ];
+    let gw = Gateway::start(&format!(
+        "  discovery: {{refresh_secs: 1}}\n  models:\n    \
+         - {{addresses: [\"{}\", \"{}\", \"{}\"], load_adapters_from: \"{}\"}}\n",
+        sims[0].addr,
+        sims[1].addr,
+        sims[2].addr,
+        dir.display()
+    ))
+    .await;
+    eventually("the base model learned", || has(&gw, "base-m")).await;
+    // The adapters loaded 0.4 s apart: whatever the phase of the rounds,
+    // at least one load ends while a list asked before it is in flight.
+    let gw = std::sync::Arc::new(gw);
+    let mut users = tokio::task::JoinSet::new();
+    for (i, name) in names.into_iter().enumerate() {
+        let gw = gw.clone();
+        users.spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_millis(400 * i as u64)).await;
+            let (status, first, _) = chat(&gw, name).await;
+            // Listed from the load on, through the two rounds after it.
+            let mut gone = 0;
+            for _ in 0..40 {
+                gone += usize::from(!has(&gw, name).await);
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            let (again, backend, _) = chat(&gw, name).await;
+            (name, (status, first), gone, (again, backend))
+        });
+    }
+    while let Some(done) = users.join_next().await {
+        let (name, (status, first), gone, again) = done.unwrap();
+        assert_eq!(status, 200, "{name}");
+        assert_eq!(gone, 0, "{name} forgotten after its load");
+        assert_eq!(again, (200, first), "{name}");
+    }
+    let mut loads = 0.0;
+    for sim in &sims {
+        loads += sim.metric("sim_lora_loads_total").await;
+    }
+    assert_eq!(loads, 4.0, "each adapter loaded once");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_adapter_already_loaded_behind_the_gateways_back_is_served() {
+    let dir = adapter_dir(&["sql"]);
+    let sim = Sim::start("base-m", &["--allow-runtime-lora-updating"]);
+    // No second round of lists in this test.
+    let gw = Gateway::start(&format!(
+        "  discovery: {{refresh_secs: 60}}\n  models:\n    \
+         - {{addresses: [\"{}\"], load_adapters_from: \"{}\"}}\n",
+        sim.addr,
+        dir.display()
+    ))
+    .await;
+    eventually("the base model learned", || has(&gw, "base-m")).await;
+    let load = json!({"lora_name": "sql", "lora_path": dir.join("sql")});
+    assert_eq!(adapter(&sim, "load_lora_adapter", load).await, 200);
+    // vLLM answers the gateway's load "already loaded": it is served.
+    let (status, backend, model) = chat(&gw, "sql").await;
+    assert_eq!(
+        (status, backend, model),
+        (200, sim.addr.to_string(), json!("sql"))
+    );
+    assert!(has(&gw, "sql").await);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn names_that_are_no_model_names_are_refused_and_rounds_logged_once() {
+    let list = |ids: &[&str]| {
+        let cards: Vec<Value> = ids.iter().map(|id| json!({"id": id})).collect();
+        Reply::Json {
+            body: json!({"object": "list", "data": cards}).to_string(),
+            headers: Vec::new(),
+        }
+    };
+    let backend = FakeBackend::start().await;
+    let names = ["good", "quote\"d", "ctrl\u{1}", "new\nline", " "];
+    backend.set_reply(list(&names));
+    let gw = Gateway::start(&format!(
+        "  discovery: {{refresh_secs: 0.2}}\n  models:\n    - addresses: [\"{}\"]\n",
+        backend.addr
+    ))
+    .await;
+    eventually("the model names learned", || has(&gw, "good")).await;
+    let learned: HashSet<String> = listed(&gw).await.into_iter().map(|(n, _)| n).collect();
+    assert_eq!(learned, HashSet::from(["good".into(), "quote\"d".into()]));
+    assert_eq!(chat(&gw, "ctrl\u{1}").await.0, 404);
+    let label = backend.addr.to_string();
+    let labels = [("model", "models[0]"), ("backend", label.as_str())];
+    let refused = "poimen_gateway_learned_names_refused_total";
+    assert!(gw.metric(refused, &labels).await >= 3.0);
+
+    // Every name goes: one line for the round, not one per name.
+    backend.set_reply(list(&[]));
+    eventually("the names gone", || async { !has(&gw, "good").await }).await;
+    let events = |event: &str| -> Vec<Value> {
+        let lines = gw.log_lines().into_iter();
+        lines.filter(|l| l["event"] == event).collect()
+    };
+    eventually("the round logged", || async {
+        !events("model_gone").is_empty()
+    })
+    .await;
+    for (event, count) in [("model_learned", 2), ("model_gone", 2)] {
+        let lines = events(event);
+        assert_eq!(lines.len(), 1, "{event}: {lines:?}");
+        assert_eq!(lines[0]["count"], count, "{event}: {lines:?}");
+        let shown: HashSet<&str> = (lines[0]["models"].as_array().unwrap().iter())
+            .map(|m| m.as_str().unwrap())
+            .collect();
+        assert_eq!(shown, HashSet::from(["good", "quote\"d"]), "{event}");
+    }
 }

@@ -33,7 +33,12 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Bo
         },
         (&Method::GET, "/v1/models") => match fault_gate(&app).await {
             Err(e) => e.into_response(),
-            Ok(()) => models(&app),
+            Ok(()) => {
+                // The list as it is when asked, sent late.
+                let list = models(&app);
+                tokio::time::sleep(app.timing.models(app.faults.delay_factor())).await;
+                list
+            }
         },
         (&Method::POST, "/v1/chat/completions") => completions::handle(&app, Kind::Chat, req).await,
         (&Method::POST, "/v1/completions") => completions::handle(&app, Kind::Text, req).await,

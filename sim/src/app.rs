@@ -32,6 +32,8 @@ pub struct App {
     pub faults: Arc<Faults>,
     pub metrics: Metrics,
     pub adapters: Adapters,
+    /// Every adapter load fails (`--lora-load-fails`).
+    pub lora_load_fails: bool,
     /// KV tokens reserved by running requests, for `kv_cache_usage_perc`.
     pub kv_tokens_in_use: AtomicUsize,
     /// Whether `/v1/responses` stores responses (vLLM's
@@ -69,6 +71,7 @@ impl App {
                 decode_us_per_token: a.decode_us_per_token,
                 step_us_per_running_seq: a.step_us_per_running_seq,
                 lora_load_us: a.lora_load_us,
+                models_delay_us: a.models_delay_us,
                 time_scale: a.time_scale,
             },
             cache: Mutex::new(PrefixCache::new(a.kv_cache_tokens / block_size)),
@@ -77,6 +80,7 @@ impl App {
             metrics: Metrics::default(),
             adapters: Adapters::new(&a.model, &a.lora_modules, a.allow_runtime_lora_updating)
                 .expect("start-up adapters checked by Args::validate"),
+            lora_load_fails: a.lora_load_fails,
             kv_tokens_in_use: AtomicUsize::new(0),
             responses_store_enabled: !a.disable_responses_store,
             responses: Mutex::new(ResponseStore::new(a.responses_store_bytes)),

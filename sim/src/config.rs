@@ -102,6 +102,17 @@ pub struct Args {
     #[arg(long, default_value_t = 50_000)]
     pub lora_load_us: u64,
 
+    /// Every adapter load fails in the engine after its load time: 500
+    /// `InternalServerError`, as vLLM answers an engine failure (out of
+    /// memory, a bad adapter).
+    #[arg(long)]
+    pub lora_load_fails: bool,
+
+    /// How long `GET /v1/models` takes to answer, in microseconds (a busy
+    /// API server's event loop).
+    #[arg(long, default_value_t = 0)]
+    pub models_delay_us: u64,
+
     /// Fault mode at start (also switchable with POST /sim/fault).
     #[arg(long, value_enum, default_value_t = FaultMode::None)]
     pub fault: FaultMode,

@@ -151,19 +151,29 @@ impl Adapters {
         self.get(name)
     }
 
-    /// `load_lora_adapter`: the checks, then the engine load (`delay`),
-    /// all under the name's lock. The answer is vLLM's success text.
+    /// `load_lora_adapter`: the checks, then the engine load (`delay`; it
+    /// `fails`, or not), all under the name's lock. The answer is vLLM's
+    /// success text.
     pub async fn load(
         &self,
         name: &str,
         path: &str,
         load_inplace: bool,
         delay: Duration,
+        fails: bool,
     ) -> Result<String, ApiError> {
         let lock = self.lock_for(name);
         let _held = lock.lock().await;
         self.check_load(name, path, load_inplace)?;
         pause(delay).await;
+        if fails {
+            return Err(ApiError {
+                status: StatusCode::INTERNAL_SERVER_ERROR,
+                kind: "InternalServerError",
+                param: None,
+                message: format!("Loading lora {name} failed: simulated engine failure"),
+            });
+        }
         let adapter = LoraModule {
             name: name.to_owned(),
             path: path.to_owned(),
@@ -314,9 +324,9 @@ mod tests {
         let delay = Duration::from_millis(50);
         let start = tokio::time::Instant::now();
         let (first, second, other) = tokio::join!(
-            a.load("x", "/x", false, delay),
-            a.load("x", "/x", false, delay),
-            a.load("y", "/y", false, delay),
+            a.load("x", "/x", false, delay, false),
+            a.load("x", "/x", false, delay, false),
+            a.load("y", "/y", false, delay, false),
         );
         assert_eq!(
             first.unwrap(),
@@ -333,7 +343,7 @@ mod tests {
         // In place: the same place in the list, the new path.
         let names = |l: Vec<LoraModule>| l.into_iter().map(|m| m.name).collect::<Vec<_>>();
         let before = names(a.list());
-        a.load("x", "/x2", true, delay).await.unwrap();
+        a.load("x", "/x2", true, delay, false).await.unwrap();
         assert_eq!(names(a.list()), before);
         assert!(a.list().contains(&module("x", "/x2")));
     }
@@ -341,7 +351,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_request_for_an_adapter_being_loaded_waits_for_it() {
         let a = Adapters::new("base", &[], true).unwrap();
-        let load = a.load("x", "/x", false, Duration::from_millis(50));
+        let load = a.load("x", "/x", false, Duration::from_millis(50), false);
         let (loaded, found) = tokio::join!(load, async {
             tokio::task::yield_now().await;
             a.find("x").await

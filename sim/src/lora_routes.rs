@@ -29,10 +29,17 @@ pub async fn load(app: &Arc<App>, req: Request<Incoming>) -> Response<Body> {
         let app = Arc::clone(app);
         tokio::spawn(async move {
             let delay = app.timing.lora_load(app.faults.delay_factor());
-            let done = app.adapters.load(&name, &path, load_inplace, delay).await;
-            if done.is_ok() {
-                app.metrics.lora_loads.fetch_add(1, Ordering::Relaxed);
-            }
+            let fails = app.lora_load_fails;
+            let done = app
+                .adapters
+                .load(&name, &path, load_inplace, delay, fails)
+                .await;
+            let counter = match &done {
+                Ok(_) => &app.metrics.lora_loads,
+                Err(e) if e.status.is_server_error() => &app.metrics.lora_load_failures,
+                Err(_) => return done,
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
             done
         })
         .await

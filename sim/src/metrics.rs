@@ -32,6 +32,8 @@ pub struct Metrics {
     /// counted), and adapters unloaded.
     pub lora_loads: AtomicU64,
     pub lora_unloads: AtomicU64,
+    /// Adapter loads that failed in the engine (`--lora-load-fails`).
+    pub lora_load_failures: AtomicU64,
     /// Requests currently held by the `hang` fault.
     pub hanging: AtomicU64,
     last_headers: Mutex<BTreeMap<String, String>>,
@@ -192,6 +194,12 @@ impl Metrics {
             "counter",
             "LoRA adapters loaded by POST /v1/load_lora_adapter.",
             load(&self.lora_loads),
+        );
+        put(
+            "sim_lora_load_failures_total",
+            "counter",
+            "LoRA adapter loads that failed in the engine (--lora-load-fails).",
+            load(&self.lora_load_failures),
         );
         put(
             "sim_lora_unloads_total",

@@ -4,7 +4,8 @@
 //! hits make the first token arrive sooner. Each decode step produces one
 //! token for a request and costs `decode_us_per_token +
 //! step_us_per_running_seq * running`, so a fuller batch decodes slower, as a
-//! real GPU does. Loading a LoRA adapter takes `lora_load_us`. Everything is multiplied by `time_scale` (0 = no delays)
+//! real GPU does. Loading a LoRA adapter takes `lora_load_us`, listing the
+//! models `models_delay_us`. Everything is multiplied by `time_scale` (0 = no delays)
 //! and by the `slow` fault's factor (1 when no slow fault is active).
 
 use std::time::Duration;
@@ -15,6 +16,7 @@ pub struct TimingModel {
     pub decode_us_per_token: u64,
     pub step_us_per_running_seq: u64,
     pub lora_load_us: u64,
+    pub models_delay_us: u64,
     pub time_scale: f64,
 }
 
@@ -37,6 +39,11 @@ impl TimingModel {
     /// Time to load one LoRA adapter.
     pub fn lora_load(&self, slow: f64) -> Duration {
         self.scale(self.lora_load_us as f64, slow)
+    }
+
+    /// Time to answer `GET /v1/models`.
+    pub fn models(&self, slow: f64) -> Duration {
+        self.scale(self.models_delay_us as f64, slow)
     }
 
     fn scale(&self, us: f64, slow: f64) -> Duration {
@@ -67,6 +74,7 @@ mod tests {
             decode_us_per_token: 2000,
             step_us_per_running_seq: 200,
             lora_load_us: 50_000,
+            models_delay_us: 0,
             time_scale: scale,
         }
     }

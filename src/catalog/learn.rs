@@ -4,7 +4,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use http::HeaderValue;
@@ -15,12 +15,17 @@ use pingora::services::background::BackgroundService;
 use tokio::task::JoinSet;
 
 use super::{cards, Card, Catalog};
+use crate::config::is_model_name;
 use crate::metrics;
 use crate::pool::ModelPool;
 use crate::upstream;
 
-/// The most of a model list read: thousands of adapters fit.
+/// The most of a model list read: thousands of adapters fit. A larger
+/// list is not read, and counted as a failed one.
 const MAX_LIST_BYTES: usize = 4 << 20;
+
+/// The names a round's log line shows of those it added or removed.
+const NAMES_SHOWN: usize = 5;
 
 pub struct Learn {
     pub catalog: Arc<Catalog>,
@@ -52,24 +57,37 @@ impl Learn {
     pub async fn round(&self) {
         for (i, pool) in self.catalog.pools().iter().enumerate() {
             let members = pool.members();
-            let answers = self.ask(pool).await;
-            for (addr, answer) in &answers {
-                if let Some(series) = members.series(addr) {
-                    let labels = [pool.name.as_str(), series.label.as_str()];
-                    match answer {
-                        Some(cards) => metrics::LEARNED_MODELS
-                            .with_label_values(&labels)
-                            .set(cards.len() as i64),
-                        None => metrics::LEARN_FAILURES.with_label_values(&labels).inc(),
-                    }
+            let asked = Instant::now();
+            let mut answers = self.ask(pool).await;
+            for (addr, answer) in &mut answers {
+                let Some(series) = members.series(addr) else {
+                    continue;
+                };
+                let labels = [pool.name.as_str(), series.label.as_str()];
+                let Some(cards) = answer else {
+                    metrics::LEARN_FAILURES.with_label_values(&labels).inc();
+                    continue;
+                };
+                let listed = cards.len();
+                cards.retain(|c| is_model_name(&c.id));
+                let refused = listed - cards.len();
+                if refused > 0 {
+                    let labels = metrics::REFUSED_NAMES.with_label_values(&labels);
+                    labels.inc_by(refused as u64);
                 }
+                metrics::LEARNED_MODELS
+                    .with_label_values(&labels)
+                    .set(cards.len() as i64);
             }
-            let changes = self.catalog.update(i, members.addrs(), answers);
-            for name in changes.added {
-                info!(event = "model_learned", model = name.as_str(), pool = pool.name.as_str(); "");
+            let changes = self.catalog.update(i, members.addrs(), answers, asked);
+            let pool = pool.name.as_str();
+            if !changes.added.is_empty() {
+                let (count, models) = summary(&changes.added);
+                info!(event = "model_learned", pool, count, models:serde; "");
             }
-            for name in changes.removed {
-                warn!(event = "model_gone", model = name.as_str(), pool = pool.name.as_str(); "no backend lists it any more: 404 from now on");
+            if !changes.removed.is_empty() {
+                let (count, models) = summary(&changes.removed);
+                warn!(event = "model_gone", pool, count, models:serde; "no backend lists them any more: 404 from now on");
             }
         }
     }
@@ -116,6 +134,11 @@ impl Learn {
         answers.sort_by_key(|(addr, _)| *addr);
         answers
     }
+}
+
+/// How many names, and the first few.
+fn summary(names: &[String]) -> (usize, &[String]) {
+    (names.len(), &names[..names.len().min(NAMES_SHOWN)])
 }
 
 /// [`Learn::check`]'s findings, each naming the pool and backend.

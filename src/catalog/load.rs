@@ -2,13 +2,15 @@
 //! an adapter the directory holds and no backend of the pool has loaded
 //! loads it on the backend routing picks for that request (vLLM's `POST
 //! /v1/load_lora_adapter`, which needs `VLLM_ALLOW_RUNTIME_LORA_UPDATING`),
-//! once: the requests for it meanwhile wait for that load.
+//! once: the requests for it meanwhile wait for that load and share its
+//! outcome. A failed load is the answer for [`FAILED_LOAD_KEPT`] after it,
+//! so that an adapter a backend cannot load is not asked again and again.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use http::HeaderValue;
 use pingora::connectors::http::Connector;
@@ -20,13 +22,41 @@ use crate::upstream;
 /// The most of a failed load's answer kept for the client.
 const ERROR_BYTES: usize = 4096;
 
+/// How long a failed load stands for every request for that adapter.
+pub const FAILED_LOAD_KEPT: Duration = Duration::from_secs(5);
+
+/// What vLLM answers (400) to a load of an adapter it has loaded.
+const ALREADY_LOADED: &str = "has already been loaded";
+
 pub struct Loader {
     connector: Connector,
     authorization: Option<HeaderValue>,
     /// The longest a load may take.
     timeout: Duration,
-    /// A lock per adapter being loaded.
-    loading: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Per adapter being loaded or that failed to: its lock, holding its
+    /// last failure.
+    loading: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Option<Failed>>>>>,
+}
+
+/// How a request's load of an adapter went.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Loaded {
+    /// This request loaded it.
+    Now,
+    /// It was served by the time the request's turn came.
+    Already,
+}
+
+/// A failed load, shared by every request that waited for it and those
+/// that come within [`FAILED_LOAD_KEPT`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failed {
+    /// For the client: what the backend answered.
+    pub message: String,
+    /// When it failed.
+    at: Instant,
+    /// Whether this request made the load (false: it shares another's).
+    pub made: bool,
 }
 
 /// Adapter `name`'s directory in `dir`, if it holds one: a plain name (no
@@ -37,6 +67,13 @@ pub fn adapter_path(dir: &Path, name: &str) -> Option<PathBuf> {
         !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '\\', '\0']);
     let path = dir.join(name);
     (plain && path.join("adapter_config.json").is_file()).then_some(path)
+}
+
+impl Failed {
+    /// How long it still stands.
+    pub fn stands_for(&self) -> Duration {
+        FAILED_LOAD_KEPT.saturating_sub(self.at.elapsed())
+    }
 }
 
 impl Loader {
@@ -54,8 +91,8 @@ impl Loader {
     }
 
     /// Load adapter `name` from `path` on `addr` (`peer`) of learned pool
-    /// `pool`, unless it is served by the time this request's turn comes:
-    /// whether this call loaded it.
+    /// `pool`, unless it is served, or failed to load within
+    /// [`FAILED_LOAD_KEPT`], by the time this request's turn comes.
     pub async fn load<P>(
         &self,
         catalog: &Catalog<P>,
@@ -63,36 +100,61 @@ impl Loader {
         (addr, peer): (SocketAddr, HttpPeer),
         name: &str,
         path: &Path,
-    ) -> Result<bool, String> {
+    ) -> Result<Loaded, Failed> {
         let lock = {
             let mut loading = self.loading.lock().unwrap_or_else(|e| e.into_inner());
             loading.entry(name.to_string()).or_default().clone()
         };
-        let held = lock.lock().await;
+        let mut last = lock.lock().await;
         if catalog.served(name).is_some() {
-            return Ok(false); // loaded while this request waited
+            return Ok(Loaded::Already); // loaded while this request waited
         }
+        if let Some(failed) = last.as_ref().filter(|f| !f.stands_for().is_zero()) {
+            return Err(Failed {
+                made: false,
+                ..failed.clone()
+            });
+        }
+        let outcome = (self.ask(addr, &peer, name, path).await).map_err(|message| Failed {
+            message,
+            at: Instant::now(),
+            made: true,
+        });
+        match &outcome {
+            // Served before the next request can take the lock.
+            Ok(()) => _ = catalog.loaded(pool, addr, Card::named(name)),
+            Err(failed) => *last = Some(failed.clone()),
+        }
+        drop(last);
+        if outcome.is_ok() {
+            let mut loading = self.loading.lock().unwrap_or_else(|e| e.into_inner());
+            loading.remove(name);
+        }
+        outcome.map(|()| Loaded::Now)
+    }
+
+    /// One `POST /v1/load_lora_adapter`: vLLM's answer that it has the
+    /// adapter loaded already is a success.
+    async fn ask(
+        &self,
+        addr: SocketAddr,
+        peer: &HttpPeer,
+        name: &str,
+        path: &Path,
+    ) -> Result<(), String> {
         let body = serde_json::json!({"lora_name": name, "lora_path": path}).to_string();
         let request =
             upstream::post_json("/v1/load_lora_adapter", addr, self.authorization.as_ref());
         let ask = async {
-            let mut session = upstream::send(&self.connector, &peer, request?, Some(body)).await?;
+            let mut session = upstream::send(&self.connector, peer, request?, Some(body)).await?;
             let status = session.response_header()?.status.as_u16();
             Some((status, upstream::body(&mut session, ERROR_BYTES).await))
         };
-        let answer = tokio::time::timeout(self.timeout, ask).await;
-        if let Ok(Some((200, _))) = answer {
-            // Served before the next request can take the lock.
-            let id = name.to_string();
-            catalog.loaded(pool, addr, Card { id, parent: None });
-        }
-        drop(held);
-        self.loading
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(name);
-        match answer {
-            Ok(Some((200, _))) => Ok(true),
+        match tokio::time::timeout(self.timeout, ask).await {
+            Ok(Some((200, _))) => Ok(()),
+            Ok(Some((400, body))) if String::from_utf8_lossy(&body).contains(ALREADY_LOADED) => {
+                Ok(())
+            }
             Ok(Some((status, body))) => Err(format!(
                 "loading adapter `{name}` on {addr} failed ({status}): {}",
                 String::from_utf8_lossy(&body)

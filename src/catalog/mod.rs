@@ -14,13 +14,14 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use arc_swap::ArcSwap;
 use serde::Deserialize;
 
 use crate::pool::ModelPool;
 pub use learn::{Check, Learn};
-pub use load::{adapter_path, Loader};
+pub use load::{adapter_path, Failed, Loaded, Loader, FAILED_LOAD_KEPT};
 
 /// One entry of a backend's model list, as vLLM writes it.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -34,6 +35,17 @@ pub struct Card {
 #[derive(Deserialize)]
 struct List {
     data: Vec<Card>,
+}
+
+impl Card {
+    /// An adapter loaded by name, its base not known until the backend
+    /// lists it.
+    pub fn named(id: &str) -> Self {
+        Card {
+            id: id.to_string(),
+            parent: None,
+        }
+    }
 }
 
 /// The cards of a `GET /v1/models` body.
@@ -63,9 +75,20 @@ pub struct Catalog<P = ModelPool> {
     adapter_dirs: Vec<Option<PathBuf>>,
     /// Names the configuration gives a model: never learned.
     configured: HashSet<String>,
-    /// Per pool (as `pools`), each backend's last answer.
-    answers: Mutex<Vec<HashMap<SocketAddr, Vec<Card>>>>,
+    /// Per pool (as `pools`), what each backend lists.
+    answers: Mutex<Vec<HashMap<SocketAddr, Listed>>>,
     names: ArcSwap<HashMap<String, Arc<Served<P>>>>,
+}
+
+/// What one backend serves, as far as the gateway knows.
+#[derive(Debug, Clone, Default)]
+struct Listed {
+    /// Its last answer, and the adapters loaded on it since.
+    cards: Vec<Card>,
+    /// The adapters loaded on it and when: a list asked before a load ended
+    /// (in flight while it ran) does not know of it, so a load is kept
+    /// until a list asked after it confirms or drops it.
+    loads: Vec<(Card, Instant)>,
 }
 
 /// The names a round added and removed.
@@ -126,22 +149,29 @@ impl<P> Catalog<P> {
             .collect()
     }
 
-    /// Pool `pool`'s round: `answers` of its `members` (None: it did not
-    /// answer, and keeps its last). A backend no longer a member is
-    /// forgotten.
+    /// Pool `pool`'s round, asked at `asked`: `answers` of its `members`
+    /// (None: it did not answer, and keeps its last). A backend no longer a
+    /// member is forgotten.
     pub fn update(
         &self,
         pool: usize,
         members: &[SocketAddr],
         answers: Vec<(SocketAddr, Option<Vec<Card>>)>,
+        asked: Instant,
     ) -> Changes {
         let mut all = self.answers.lock().unwrap_or_else(|e| e.into_inner());
         let kept = &mut all[pool];
         kept.retain(|addr, _| members.contains(addr));
         for (addr, answer) in answers {
-            if let Some(cards) = answer {
-                kept.insert(addr, cards);
+            let Some(mut cards) = answer else { continue };
+            let listed = kept.entry(addr).or_default();
+            listed.loads.retain(|(_, at)| *at > asked);
+            for (card, _) in &listed.loads {
+                if !cards.iter().any(|c| c.id == card.id) {
+                    cards.push(card.clone());
+                }
             }
+            listed.cards = cards;
         }
         self.rebuild(&all)
     }
@@ -149,17 +179,25 @@ impl<P> Catalog<P> {
     /// `card` was loaded on `addr` of pool `pool` (it lists it from now on).
     pub fn loaded(&self, pool: usize, addr: SocketAddr, card: Card) -> Changes {
         let mut all = self.answers.lock().unwrap_or_else(|e| e.into_inner());
-        all[pool].entry(addr).or_default().push(card);
+        let listed = all[pool].entry(addr).or_default();
+        if !listed.cards.contains(&card) {
+            listed.cards.push(card.clone());
+        }
+        listed.loads.push((card, Instant::now()));
         self.rebuild(&all)
     }
 
     /// The names from every pool's answers.
-    fn rebuild(&self, all: &[HashMap<SocketAddr, Vec<Card>>]) -> Changes {
+    fn rebuild(&self, all: &[HashMap<SocketAddr, Listed>]) -> Changes {
         // name -> (its pool, the backends that list it, its parent)
         let mut names = HashMap::<String, (Arc<P>, Vec<SocketAddr>, Option<String>)>::new();
         for (i, by_backend) in all.iter().enumerate() {
-            for (addr, cards) in by_backend {
-                for card in cards.iter().filter(|c| !self.configured.contains(&c.id)) {
+            for (addr, listed) in by_backend {
+                for card in listed
+                    .cards
+                    .iter()
+                    .filter(|c| !self.configured.contains(&c.id))
+                {
                     let (served_by, backends, _) =
                         names.entry(card.id.clone()).or_insert_with(|| {
                             (self.pools[i].clone(), Vec::new(), card.parent.clone())

@@ -1,3 +1,5 @@
+use std::time::Instant;
+
 use super::*;
 
 fn addr(i: u8) -> SocketAddr {
@@ -49,6 +51,7 @@ fn a_name_goes_to_the_backends_that_list_it() {
             (addr(1), Some(vec![qwen.clone()])),
             (addr(2), Some(vec![qwen.clone(), card("base", None)])),
         ],
+        Instant::now(),
     );
     assert_eq!(
         changes.added,
@@ -80,17 +83,28 @@ fn a_silent_backend_keeps_its_answer_and_a_name_no_one_lists_goes() {
             ),
             (addr(2), Some(vec![card("qwen", None)])),
         ],
+        Instant::now(),
     );
     // addr(1) does not answer: it keeps its adapter.
-    let changes = c.update(0, &members, vec![(addr(1), None), (addr(2), Some(vec![]))]);
+    let changes = c.update(
+        0,
+        &members,
+        vec![(addr(1), None), (addr(2), Some(vec![]))],
+        Instant::now(),
+    );
     assert_eq!(changes.removed, Vec::<String>::new());
     assert_eq!(backends(&c, "qwen"), Some((0, vec![addr(1)])));
     assert_eq!(backends(&c, "sql"), Some((0, vec![addr(1)])));
     // It answers again, without the adapter.
-    let changes = c.update(0, &members, vec![(addr(1), Some(vec![card("qwen", None)]))]);
+    let changes = c.update(
+        0,
+        &members,
+        vec![(addr(1), Some(vec![card("qwen", None)]))],
+        Instant::now(),
+    );
     assert_eq!(changes.removed, ["sql"]);
     // It leaves the pool: its answer is forgotten.
-    let changes = c.update(0, &[addr(2)], vec![]);
+    let changes = c.update(0, &[addr(2)], vec![], Instant::now());
     assert_eq!(changes.removed, ["qwen"]);
     assert!(c.list().is_empty());
 }
@@ -102,12 +116,39 @@ fn the_first_pool_in_the_file_serves_a_name_both_list() {
         1,
         &[addr(9)],
         vec![(addr(9), Some(vec![card("qwen", None)]))],
+        Instant::now(),
     );
     assert_eq!(backends(&c, "qwen"), Some((1, vec![addr(9)])));
     c.update(
         0,
         &[addr(1)],
         vec![(addr(1), Some(vec![card("qwen", None)]))],
+        Instant::now(),
     );
     assert_eq!(backends(&c, "qwen"), Some((0, vec![addr(1)])));
+}
+
+#[test]
+fn a_list_asked_before_a_load_does_not_erase_it() {
+    let c = catalog();
+    let members = [addr(1)];
+    let qwen = || vec![card("qwen", None)];
+    let asked = Instant::now() - std::time::Duration::from_millis(1);
+    c.loaded(0, addr(1), card("hot", None));
+    // The list in flight while the load ran: the adapter stays.
+    let changes = c.update(0, &members, vec![(addr(1), Some(qwen()))], asked);
+    assert_eq!(changes.removed, Vec::<String>::new());
+    assert_eq!(backends(&c, "hot"), Some((0, vec![addr(1)])));
+    // A list asked after the load settles it: confirmed, it stays
+    // (listed once); then dropped by a later list, it goes.
+    let mut listed = qwen();
+    listed.push(card("hot", None));
+    c.update(0, &members, vec![(addr(1), Some(listed))], Instant::now());
+    assert_eq!(c.list().len(), 2);
+    let changes = c.update(0, &members, vec![(addr(1), Some(qwen()))], Instant::now());
+    assert_eq!(changes.removed, ["hot"]);
+    // Loaded again, then dropped by a list asked after the load.
+    c.loaded(0, addr(1), card("hot", None));
+    let changes = c.update(0, &members, vec![(addr(1), Some(qwen()))], Instant::now());
+    assert_eq!(changes.removed, ["hot"]);
 }

@@ -44,7 +44,7 @@ pub use address::{BackendConfig, Target};
 pub use discovery::DiscoveryConfig;
 pub use health_check::HealthCheckConfig;
 pub use listen::ListenerConfig;
-pub use models::ModelConfig;
+pub use models::{is_model_name, ModelConfig};
 pub use scheduler::Overflow;
 pub use stored_responses::StoredResponsesConfig;
 pub use tenants::TenantsConfig;

@@ -159,6 +159,12 @@ fn check_aliases(models: &[ModelConfig]) -> Result<(), Invalid> {
     Ok(())
 }
 
+/// A model's name, configured or learned: not blank, no control
+/// characters (it is written into headers, log lines and metric labels).
+pub fn is_model_name(name: &str) -> bool {
+    !name.trim().is_empty() && !name.chars().any(char::is_control)
+}
+
 fn validate_model(
     path: &str,
     m: ModelFile,
@@ -171,7 +177,7 @@ fn validate_model(
     let name = m
         .name
         .unwrap_or_else(|| path.trim_start_matches("gateway.").to_string());
-    if name.trim().is_empty() || name.chars().any(char::is_control) {
+    if !is_model_name(&name) {
         return Err(invalid(
             format!("{path}.name"),
             &name,

@@ -104,8 +104,8 @@ impl Members {
                 deadline,
             } = &self.ranked[i];
             Facts {
-                excluded: Exclusions::excludes(deadline, clock)
-                    || !input.served_by(&self.router.addrs()[i]),
+                excluded: Exclusions::excludes(deadline, clock),
+                absent: !input.served_by(&self.router.addrs()[i]),
                 load: admission.load(),
                 slots: if bounded { admission.slot_limit() } else { 0 },
                 cached_tokens: 0,

@@ -17,6 +17,7 @@ use super::{admit, body_reader, headers, tenant, Gateway, RequestCtx};
 use crate::accounting::Tracker;
 use crate::api::{Api, BodyFormat};
 use crate::body::{self, Prompt};
+use crate::catalog::{Failed, Loaded, FAILED_LOAD_KEPT};
 use crate::errors::ApiError;
 use crate::pool::ModelPool;
 use crate::routing::{chain, Routable};
@@ -181,24 +182,31 @@ impl Gateway {
         };
         let input = pool.routing.input(cache_key, false, api, prompt);
         let members = pool.members();
-        let plan = (members.route(&pool.routing, &input, Instant::now()))
-            .map_err(|_| ApiError::BadGateway(format!("no backend to load adapter `{name}` on")))?;
+        let plan = (members.route(&pool.routing, &input, Instant::now())).map_err(|_| {
+            ApiError::AdapterLoadFailed {
+                message: format!("no backend to load adapter `{name}` on: every one is excluded"),
+                retry_after: FAILED_LOAD_KEPT,
+            }
+        })?;
         let addr = plan.first().addr;
         let loaded = (self.loader)
             .load(&self.catalog, i, (addr, members.peer(addr)), name, &path)
             .await;
-        let result = match loaded {
-            Ok(false) => return Ok(()), // another request loaded it
-            Ok(true) => "loaded",
-            Err(_) => "failed",
+        // Counted once per load made, not per request that shared it.
+        let made = match &loaded {
+            Ok(Loaded::Now) => Some("loaded"),
+            Err(failed) if failed.made => Some("failed"),
+            Ok(Loaded::Already) | Err(_) => None,
         };
-        let backend = members
-            .series(&addr)
-            .map_or(addr.to_string(), |s| s.label.clone());
-        crate::metrics::ADAPTER_LOADS
-            .with_label_values(&[&pool.name, &backend, result])
-            .inc();
-        loaded.map(drop).map_err(ApiError::BadGateway)
+        if let Some(result) = made {
+            let backend = members
+                .series(&addr)
+                .map_or(addr.to_string(), |s| s.label.clone());
+            crate::metrics::ADAPTER_LOADS
+                .with_label_values(&[&pool.name, &backend, result])
+                .inc();
+        }
+        loaded.map(drop).map_err(adapter_load_failed)
     }
 
     /// The request is for `pool`: counted under its model from now on, and
@@ -267,5 +275,12 @@ impl Gateway {
             attempt,
         }));
         Ok(())
+    }
+}
+
+fn adapter_load_failed(failed: Failed) -> ApiError {
+    ApiError::AdapterLoadFailed {
+        retry_after: failed.stands_for(),
+        message: failed.message,
     }
 }

@@ -182,8 +182,12 @@ impl<'a> Request<'a> {
 /// prefix index). A policy reads a candidate through these alone.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Facts {
-    /// Left out: after a failure, or it does not serve the name asked for.
+    /// Left out after a failure: the request passes over it as a fallback.
     pub excluded: bool,
+    /// It does not serve the name asked for (a learned model or adapter
+    /// that only some of the pool lists): not a member for this request, so
+    /// passing over it is no fallback.
+    pub absent: bool,
     /// Requests holding a slot or queued for one, at this gateway.
     pub load: usize,
     /// The slots this gateway may use on it now. Load never moves a request
@@ -458,6 +462,9 @@ impl RoutingTable {
         };
         // (place in the order, member, facts) of the usable members weighed.
         let mut seen: SmallVec<[(usize, usize, Facts); WEIGHED + 4]> = SmallVec::new();
+        // A member that serves the request was passed over before the first
+        // usable one: excluded after a failure, or already tried.
+        let mut passed_over = !req.tried.is_empty();
         for (place, m) in order.members().enumerate() {
             let f = facts(m);
             if self.usable(m, &f, req.tried) {
@@ -465,12 +472,16 @@ impl RoutingTable {
                 if seen.len() == weighed {
                     break;
                 }
+            } else if seen.is_empty() && !f.absent {
+                passed_over = true;
             }
         }
-        let first_place = seen.first()?.0;
-        let first = match first_place == 0 && req.tried.is_empty() {
-            true => preferred,
-            false => Route::Fallback,
+        if seen.is_empty() {
+            return None;
+        }
+        let first = match passed_over {
+            false => preferred,
+            true => Route::Fallback,
         };
         let (chosen, route) = match self.choice {
             Choice::First => (0, first),
@@ -536,7 +547,7 @@ impl RoutingTable {
     /// Whether member `m`, in `facts`, may take a request that failed on
     /// `tried`.
     fn usable(&self, m: usize, facts: &Facts, tried: &[SocketAddr]) -> bool {
-        !facts.excluded && !tried.contains(&self.addrs[m])
+        !facts.excluded && !facts.absent && !tried.contains(&self.addrs[m])
     }
 }
 

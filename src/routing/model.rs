@@ -292,7 +292,8 @@ impl ModelRouting {
     ) -> Result<Plan<'a, S>, Unroutable> {
         if let Some(id) = &input.stored {
             let (owner, position) = self.owner(router, id, now)?;
-            if status(position).excluded || input.tried.contains(&owner) {
+            let at = status(position);
+            if at.excluded || at.absent || input.tried.contains(&owner) {
                 let id = id.clone();
                 return Err(Unroutable::OwnerUnavailable { id, owner });
             }

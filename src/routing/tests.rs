@@ -119,6 +119,41 @@ fn an_excluded_or_tried_backend_is_passed_over_as_fallback() {
 }
 
 #[test]
+fn a_backend_that_does_not_serve_the_name_is_passed_over_without_a_fallback() {
+    let r = router(3);
+    for k in 0..30 {
+        let key = format!("k{k}");
+        for affinity in [Affinity::Key(key.as_bytes()), Affinity::None] {
+            let order = r.rank(Request::new(affinity, &[]), idle).unwrap();
+            let only = order[2].addr;
+            let served = |a: &SocketAddr| Facts {
+                absent: *a != only,
+                ..Facts::default()
+            };
+            let c = r.rank(Request::new(affinity, &[]), served).unwrap();
+            let preferred = match affinity {
+                Affinity::None => Route::RoundRobin,
+                _ => Route::Hash,
+            };
+            assert_eq!(
+                c,
+                [Candidate {
+                    addr: only,
+                    route: preferred
+                }],
+                "{key}"
+            );
+            // The one member that serves it excluded: none is left.
+            let failed = |a: &SocketAddr| Facts {
+                excluded: *a == only,
+                ..served(a)
+            };
+            assert_eq!(r.rank(Request::new(affinity, &[]), failed), None);
+        }
+    }
+}
+
+#[test]
 fn round_robin_spreads_evenly_and_falls_back_in_turn() {
     let r = router(3);
     let mut counts: HashMap<SocketAddr, usize> = HashMap::new();
