@@ -72,7 +72,7 @@ impl Holdings {
                     .filter_map(|h| self.blocks.remove(h).map(|(_, name)| name))
                     .collect();
                 applied.removed = gone.len() as u64;
-                index.trim(self.addr, &gone, 0);
+                index.remove(self.addr, &gone);
                 applied
             }
             Event::Cleared => {

@@ -109,6 +109,7 @@ impl Members {
                 load: admission.load(),
                 slots: if bounded { admission.slot_limit() } else { 0 },
                 cached_tokens: 0,
+                recent: false,
             }
         };
         routing.route(&self.router, input, status, now)

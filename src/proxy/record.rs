@@ -61,10 +61,8 @@ pub(super) fn record(session: &Session, ctx: &RequestCtx) {
                 ttft: ctx.first_byte.map(|t| t.saturating_sub(attempt.queued)),
                 prompt_tokens: usage.prompt_tokens,
                 cached_tokens: usage.cached_tokens,
-                expected_tokens: expected,
             };
-            let routing = &routed.pool.routing;
-            routing.observed(&routed.input, attempt.candidate.addr, seen);
+            routed.pool.routing.observed(&routed.input, seen);
         }
     }
     if let Some(series) = series {

@@ -4,11 +4,12 @@
 //!
 //! ```text
 //! the stream: the raw JSON text, as sent, of
-//!   chat (/v1/chat/completions):  tools ‖ 0x1E ‖ messages
-//!   Messages (/v1/messages):      tools ‖ 0x1E ‖ system ‖ 0x1E ‖ messages
-//!   Responses (/v1/responses):    tools ‖ 0x1E ‖ instructions ‖ 0x1E ‖ input
+//!   chat (/v1/chat/completions):  messages[0] ‖ 0x1E ‖ tools ‖ 0x1E ‖ the rest of messages
+//!                                 (the text after messages[0]: `, ... ]`)
+//!   Messages (/v1/messages):      system ‖ 0x1E ‖ tools ‖ 0x1E ‖ messages
+//!   Responses (/v1/responses):    instructions ‖ 0x1E ‖ tools ‖ 0x1E ‖ input
 //!   completions (/v1/completions): prompt
-//!   (a field absent: empty)
+//!   (a field absent: empty; chat messages that are no array: tools ‖ 0x1E ‖ messages)
 //! block i = bytes [i*256, (i+1)*256) of the stream; a last partial block is not one
 //! h_i = xxh3_64_with_seed(xxh3_64(block i) as 8 bytes little-endian, h_(i-1)), h_(-1) = 0
 //! ```
@@ -16,6 +17,12 @@
 //! (Each block is hashed with xxh3's default secret: a seeded hash of more
 //! than 240 bytes derives a secret of its own first, which cost more than
 //! the hash.)
+//!
+//! The head of a conversation (its system prompt, or its first message)
+//! comes before its tools, as chat templates render them (the system turn,
+//! then the tool list): two conversations of one agent share its tools,
+//! often most of their bytes, but a template shares no KV block past where
+//! their system prompts part, and neither do their chains.
 //!
 //! A later turn of a conversation resends the earlier messages byte for
 //! byte (clients serialise the history they keep the same way every time),
@@ -47,18 +54,38 @@ pub fn of(api: Api, body: &[u8]) -> Vec<u64> {
 /// The chain of a prompt's fields, read from the body already
 /// (`body::inspect`).
 pub fn of_prompt(api: Api, p: &Prompt) -> Vec<u64> {
+    let tools = text(p.tools);
     match api.describe().conversation {
         Some(Conversation::Messages {
             system: Some(system),
             messages,
-        }) => stream(&[p.tools, p.field(system), p.field(messages)]),
+        }) => stream(&[text(p.field(system)), tools, text(p.field(messages))]),
         Some(Conversation::Messages {
             system: None,
             messages,
-        }) => stream(&[p.tools, p.field(messages)]),
-        Some(Conversation::Text) => stream(&[p.prompt]),
+        }) => {
+            let messages = text(p.field(messages));
+            match messages.and_then(split_first) {
+                Some((head, rest)) => stream(&[Some(head), tools, Some(rest)]),
+                None => stream(&[tools, messages]),
+            }
+        }
+        Some(Conversation::Text) => stream(&[text(p.prompt)]),
         None => Vec::new(),
     }
+}
+
+fn text(v: Option<&RawValue>) -> Option<&str> {
+    v.map(RawValue::get)
+}
+
+/// A JSON array's first element and the text after it (`, ... ]`), as
+/// sent; reads the first element alone.
+fn split_first(array: &str) -> Option<(&str, &str)> {
+    let rest = array.trim_start().strip_prefix('[')?;
+    let mut values = serde_json::Deserializer::from_str(rest).into_iter::<&RawValue>();
+    let first = values.next()?.ok()?;
+    Some((first.get(), &rest[values.byte_offset()..]))
 }
 
 /// The chain of a prompt's token ids, `block` of them a block (vLLM's
@@ -99,11 +126,11 @@ pub fn namespace_of(name: &str) -> u64 {
 
 /// The chain of `parts`, separated; none without the last part, the prompt
 /// proper.
-fn stream(parts: &[Option<&RawValue>]) -> Vec<u64> {
+fn stream(parts: &[Option<&str>]) -> Vec<u64> {
     if parts.last().is_none_or(|p| p.is_none()) {
         return Vec::new();
     }
-    let len: usize = parts.iter().flatten().map(|p| p.get().len() + 1).sum();
+    let len: usize = parts.iter().flatten().map(|p| p.len() + 1).sum();
     let mut chain = Chainer {
         blocks: Vec::with_capacity(len / BLOCK_BYTES),
         partial: [0; BLOCK_BYTES],
@@ -113,7 +140,7 @@ fn stream(parts: &[Option<&RawValue>]) -> Vec<u64> {
         if i > 0 {
             chain.push(&[0x1e]);
         }
-        chain.push(part.map_or(&[][..], |p| p.get().as_bytes()));
+        chain.push(part.map_or(&[][..], |p| p.as_bytes()));
     }
     chain.blocks
 }
@@ -174,8 +201,9 @@ mod tests {
     #[test]
     fn the_chain_is_a_fixed_function_of_the_stream() {
         let body = chat(&json!([message("user", 600)]));
-        let stream = serde_json::to_vec(&json!([message("user", 600)])).unwrap();
-        let sep = [&[][..], &[0x1e][..], &stream[..]].concat();
+        let first = serde_json::to_vec(&message("user", 600)).unwrap();
+        // messages[0] ‖ 0x1E ‖ no tools ‖ 0x1E ‖ `]`
+        let sep = [&first[..], &[0x1e, 0x1e], b"]"].concat();
         let chained =
             |block: &[u8], parent| xxh3_64_with_seed(&xxh3_64(block).to_le_bytes(), parent);
         let b0 = chained(&sep[..256], 0);
@@ -215,13 +243,46 @@ mod tests {
         ] {
             assert!(of(api, body.to_string().as_bytes()).len() >= 3, "{api:?}");
         }
-        // Tools come before the messages: other tools, another chain.
-        let with = |tool: &str| {
-            let body = json!({"tools": [{"name": tool}], "messages": [message("user", 900)]});
+    }
+
+    #[test]
+    fn the_head_comes_before_the_tools() {
+        let tools: Vec<_> = (0..40)
+            .map(|i| json!({"name": format!("tool-{i}"), "description": "d".repeat(200)}))
+            .collect();
+        let chain = |api: Api, system: &str, tools: &[serde_json::Value]| {
+            let body = match api {
+                Api::Messages => {
+                    json!({"system": system, "tools": tools, "messages": [message("user", 900)]})
+                }
+                Api::Responses => json!({"instructions": system, "tools": tools, "input": "hi"}),
+                _ => {
+                    let system = json!({"role": "system", "content": system});
+                    json!({"tools": tools, "messages": [system, message("user", 900)]})
+                }
+            };
+            of(api, body.to_string().as_bytes())
+        };
+        let (alpha, beta) = ("alpha ".repeat(10), "beta ".repeat(10));
+        for api in [Api::ChatCompletions, Api::Messages, Api::Responses] {
+            // Two conversations of one agent, sharing only its 10 KB of
+            // tools: no block in common.
+            let (a, b) = (chain(api, &alpha, &tools), chain(api, &beta, &tools));
+            assert!(a.len() > 30, "{api:?}");
+            assert!(a.iter().all(|l| !b.contains(l)), "{api:?}");
+            // The same conversation: the same chain; other tools, another
+            // from the block where they begin.
+            assert_eq!(a, chain(api, &alpha, &tools), "{api:?}");
+            assert_ne!(a.last(), chain(api, &alpha, &tools[1..]).last(), "{api:?}");
+        }
+        // A later turn still starts with the earlier turn's chain.
+        let turn = |n: usize| {
+            let msgs: Vec<_> = (0..n).map(|_| message("user", 300)).collect();
+            let body = json!({"tools": tools, "messages": msgs});
             of(Api::ChatCompletions, body.to_string().as_bytes())
         };
-        assert_ne!(with("a")[0], with("b")[0]);
-        assert_eq!(with("a"), with("a"));
+        let (one, three) = (turn(1), turn(3));
+        assert_eq!(one[..one.len() - 1], three[..one.len() - 1]);
     }
 
     #[test]

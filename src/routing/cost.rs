@@ -13,11 +13,24 @@
 //! ahead(b)   = requests before this one when b has no free slot: load(b) + 1 - slots(b), else 0
 //! service    = seconds a request holds a slot
 //! held(b)    = tokens b holds, if at least MIN_SHARE of the prompt; else 0
-//! home       = the usable backend of the largest held(b) (ties: the order's first)
-//! held(home) = 0 (a new conversation): the cheapest backend (ties: the order's first)
+//! home       = the usable backend that served the conversation's previous
+//!              turn (`index.rs`, its tip), if any; else
+//!              the usable backend of the largest held(b) (ties: the order's first)
+//! no home (no previous turn, held(home) = 0: a new conversation):
+//!              the cheapest backend (ties: the order's first)
 //! otherwise  = the cheapest backend b, if cost(b) < (1 - MOVE_MARGIN) * cost(home)
 //!              and the request may move (not a warmup); else home
 //! ```
+//!
+//! Partial holdings count for what they save, in `prefill(b)`. A
+//! conversation's previous backend is its home even when the index has
+//! forgotten most of it: under cache pressure (the conversations' contexts
+//! together larger than the KV caches) the index's estimate of a backend's
+//! cache has evicted most of a conversation between two of its turns,
+//! while the backend that just prefilled the last turn still holds its
+//! newest blocks; sent elsewhere, the turn would prefill cold there too and
+//! take a second copy of the conversation's cache from others. It leaves
+//! only when waiting there costs clearly more than a cold prefill.
 //!
 //! A prompt every conversation shares (a fixed system prompt) is under
 //! [`MIN_SHARE`] of a conversation's prompt: it makes no backend a home, or
@@ -65,10 +78,16 @@ const ALPHA: f64 = 0.05;
 /// most of it.
 const MIN_UNCACHED_TOKENS: u64 = 256;
 
+/// A prompt's text tells its tokens per block only when it has a few.
+const MIN_TEXT_BLOCKS: u64 = 8;
+
 /// One model's measured rates, moving averages of its responses.
 pub struct Rates {
     service: AtomicU64,
     prefill: AtomicU64,
+    /// The prompt tokens a block of a prompt's text stands for (its JSON
+    /// as sent: four bytes a token until measured).
+    text_block_tokens: AtomicU64,
 }
 
 impl Default for Rates {
@@ -76,6 +95,7 @@ impl Default for Rates {
         Rates {
             service: AtomicU64::new(DEFAULT_SERVICE_SECS.to_bits()),
             prefill: AtomicU64::new(DEFAULT_PREFILL_SECS.to_bits()),
+            text_block_tokens: AtomicU64::new((super::chain::BLOCK_TOKENS as f64).to_bits()),
         }
     }
 }
@@ -113,6 +133,21 @@ impl Rates {
         if let Some(ttft) = ttft.filter(|_| uncached >= MIN_UNCACHED_TOKENS) {
             update(&self.prefill, ttft.as_secs_f64() / uncached as f64);
         }
+    }
+
+    /// A prompt whose text made `blocks` blocks of the chain was `tokens`
+    /// prompt tokens (as vLLM counted them, its template's included).
+    pub fn observe_text(&self, tokens: u64, blocks: u64) {
+        if blocks >= MIN_TEXT_BLOCKS {
+            update(&self.text_block_tokens, tokens as f64 / blocks as f64);
+        }
+    }
+
+    /// The prompt tokens a block of a prompt's text stands for, so that a
+    /// text chain never expects more tokens cached than the prompt has.
+    pub fn text_block_tokens(&self) -> u64 {
+        let tokens = f64::from_bits(self.text_block_tokens.load(Ordering::Relaxed));
+        (tokens.round() as u64).max(1)
     }
 }
 
@@ -166,14 +201,16 @@ pub fn choose<T>(
             false => 0,
         }
     };
-    // The first of the most held: `max_by_key` keeps the last of equals.
-    let home = positions().rev().max_by_key(held)?;
+    // The previous turn's backend, else the first of the most held
+    // (`max_by_key` keeps the last of equals).
+    let recent = positions().find(|p| facts(*p).recent);
+    let home = recent.or_else(|| positions().rev().max_by_key(held))?;
     let cost_at = |p: usize| cost(rates, prompt, facts(p));
     // The first of the cheapest.
     let cheapest = positions()
         .map(|p| (p, cost_at(p)))
         .reduce(|a, b| if b.1 < a.1 { b } else { a })?;
-    let stay = if held(&home) == 0 {
+    let stay = if recent.is_none() && held(&home) == 0 {
         cheapest.0 == home
     } else {
         !movable || cheapest.1 >= (1.0 - MOVE_MARGIN) * cost_at(home)
@@ -271,6 +308,39 @@ mod tests {
         assert_eq!(choose(RATES, 5000, &f, same, false), Some(Pick::Home(2)));
     }
 
+    /// The backend that served the conversation's previous turn.
+    fn recent(load: usize, cached_tokens: u64) -> Facts {
+        Facts {
+            recent: true,
+            ..facts(load, cached_tokens)
+        }
+    }
+
+    #[test]
+    fn a_conversation_stays_where_its_previous_turn_was_until_waiting_costs_more() {
+        // Under pressure the index forgot all but the shared head of the
+        // conversation on its backend (the third), which served its
+        // previous turn (4,800 tokens): the first is idle, it stays.
+        let f = [facts(0, 1500), facts(1, 1500), recent(2, 4800)];
+        assert_eq!(choose(RATES, 5000, &f, same, true), Some(Pick::Home(2)));
+        // A home at the order's first: served as the order's first.
+        let f = [recent(2, 4800), facts(0, 1500)];
+        assert_eq!(choose(RATES, 5000, &f, same, true), Some(Pick::Home(0)));
+        // Hot: a queue of 14 there costs more than a cold prefill elsewhere.
+        let f = [facts(0, 1500), facts(1, 1500), recent(14, 4800)];
+        let moved = Some(Pick::Moved { to: 0, from: 2 });
+        assert_eq!(choose(RATES, 5000, &f, same, true), moved);
+        // Nothing of it held any more (its events said so): it leaves an
+        // idle backend's cold prefill only for a clearly cheaper one (1.55 s
+        // at home, stalling the one running there, against 0.75 s), and
+        // stays where the costs are even.
+        let f = [facts(0, 0), recent(1, 0)];
+        let moved = Some(Pick::Moved { to: 0, from: 1 });
+        assert_eq!(choose(RATES, 750, &f, same, true), moved);
+        let f = [facts(1, 0), recent(1, 0)];
+        assert_eq!(choose(RATES, 750, &f, same, true), Some(Pick::Home(1)));
+    }
+
     #[test]
     fn a_move_goes_to_the_cheapest_and_a_busy_first_choice_to_a_free_one() {
         // Two copies of a hot prefix: the less busy one.
@@ -303,5 +373,12 @@ mod tests {
         assert!((learnt.prefill - 2e-4).abs() < 1e-7, "{learnt:?}");
         rates.observe(Duration::ZERO, Some(Duration::ZERO), 1000);
         assert_eq!(rates.snapshot(), learnt);
+        // JSON of tools and messages: 51 tokens a 256-byte block, not 64.
+        assert_eq!(rates.text_block_tokens(), 64);
+        for _ in 0..500 {
+            rates.observe_text(5100, 100);
+            rates.observe_text(900, 2); // too short to tell
+        }
+        assert_eq!(rates.text_block_tokens(), 51);
     }
 }

@@ -8,9 +8,9 @@
 //! first, the deepest blocks of a chain before its head, as vLLM's free
 //! queue does. What it gets wrong: blocks a backend dropped that the gateway
 //! did not see (another gateway's traffic filled its cache, a cache reset,
-//! a restart that failed no request). A response whose reported cached
-//! tokens fall well short of the expected ones corrects it ([`trim`]); a
-//! backend that fails or leaves the set is forgotten whole ([`forget`]).
+//! a restart that failed no request): a backend that fails or leaves the
+//! set is forgotten whole ([`forget`]); the rest wears off as the backend's
+//! share of the index fills with what is routed to it since.
 //!
 //! Cost: one hash map entry per block held anywhere, plus a list of its
 //! holders and a place in each holder's recency queue: about 100 bytes for
@@ -20,11 +20,18 @@
 //!
 //! Where a model's KV-cache events keep it exact, what the gateway routes
 //! counts only until they confirm it, for a while
-//! ([`insert_unconfirmed`]): what they never confirm is not believed for
+//! ([`routed_unconfirmed`]): what they never confirm is not believed for
 //! long.
 //!
-//! [`insert_unconfirmed`]: PrefixIndex::insert_unconfirmed
-//! [`trim`]: PrefixIndex::trim
+//! Beside the blocks, the index keeps where each prompt routed ended (its
+//! last block, a "tip"): a conversation's next turn resends the previous
+//! turn's prompt whole, so the deepest tip in its chain names the backend
+//! that served its previous turn, however much of it the blocks above have
+//! forgotten since. Under cache pressure that is most of it; the backend
+//! that prefilled the turn still holds its newest blocks, and routing keeps
+//! the conversation there ([`Held::recent`]).
+//!
+//! [`routed_unconfirmed`]: PrefixIndex::routed_unconfirmed
 //! [`forget`]: PrefixIndex::forget
 
 use std::collections::{HashMap, VecDeque};
@@ -54,8 +61,16 @@ pub type Holders = SmallVec<[Held; 4]>;
 pub struct Held {
     pub addr: SocketAddr,
     pub blocks: usize,
+    /// It served the deepest earlier prompt this chain continues (the
+    /// conversation's previous turn), of this many blocks.
+    pub recent: Option<usize>,
     id: u32,
 }
+
+/// How far back from a chain's end a lookup looks for the tip of the
+/// conversation's previous turn: a turn rarely adds more (128 KiB of text,
+/// or 8,192 tokens of 16).
+const TIP_REACH: usize = 512;
 
 #[derive(Default)]
 struct Inner {
@@ -67,6 +82,33 @@ struct Inner {
     live: usize,
     tick: u64,
     held: usize,
+    tips: Tips,
+}
+
+/// The last block of each prompt routed, and the backend it went to (by
+/// id), oldest first: bounded, the oldest forgotten first.
+#[derive(Default)]
+struct Tips {
+    at: HashMap<u64, (u32, u64), BuildHasherDefault<Prehashed>>,
+    /// (block, tick) from the oldest; an entry whose tick is not the tip's
+    /// any more is stale and skipped.
+    order: VecDeque<(u64, u64)>,
+}
+
+impl Tips {
+    /// A prompt ending at `block` went to `id` at `tick`; at most `cap` kept.
+    fn record(&mut self, block: u64, id: u32, tick: u64, cap: usize) {
+        self.at.insert(block, (id, tick));
+        self.order.push_back((block, tick));
+        while self.at.len() > cap || self.order.len() > 2 * cap {
+            let Some((old, t)) = self.order.pop_front() else {
+                break;
+            };
+            if self.at.get(&old).is_some_and(|(_, tick)| *tick == t) {
+                self.at.remove(&old);
+            }
+        }
+    }
 }
 
 /// A backend holding a block, and when it last used it.
@@ -122,6 +164,7 @@ impl PrefixIndex {
                     Some(Held {
                         addr,
                         blocks: 1,
+                        recent: None,
                         id: h.id,
                     })
                 }));
@@ -138,24 +181,52 @@ impl PrefixIndex {
                 break;
             }
         }
+        // The deepest tip as deep as what is held or deeper: the previous
+        // turn's backend.
+        let matched = held.iter().map(|h| h.blocks).max().unwrap_or(0);
+        let reach = (chain.len().saturating_sub(TIP_REACH)).max(matched.saturating_sub(1));
+        let tip = (reach..chain.len())
+            .rev()
+            .find_map(|i| Some((inner.tips.at.get(&chain[i])?.0, i + 1)));
+        if let Some((id, depth)) = tip {
+            match held.iter_mut().find(|h| h.id == id) {
+                Some(h) => h.recent = Some(depth),
+                None => {
+                    if let Some(b) = inner.backends[id as usize].as_ref() {
+                        held.push(Held {
+                            addr: b.addr,
+                            blocks: 0,
+                            recent: Some(depth),
+                            id,
+                        });
+                    }
+                }
+            }
+        }
         held
     }
 
-    /// `addr` was given `chain` to prefill: it holds all of it now, most
-    /// recently used.
+    /// `addr` holds `chain` (its events said it stored it): most recently
+    /// used.
     pub fn insert(&self, addr: SocketAddr, chain: &[u64]) {
-        self.put(addr, chain, 0);
+        self.put(addr, chain, 0, false);
     }
 
-    /// As [`insert`](Self::insert), but the blocks not held already count
+    /// A prompt's `chain` was routed to `addr` to prefill: it holds all of
+    /// it now, most recently used, and it is the prompt's tip's backend.
+    pub fn routed(&self, addr: SocketAddr, chain: &[u64]) {
+        self.put(addr, chain, 0, true);
+    }
+
+    /// As [`routed`](Self::routed), but the blocks not held already count
     /// only for `ttl`, unless an insert confirms them before (the backend's
     /// events say it stored them).
-    pub fn insert_unconfirmed(&self, addr: SocketAddr, chain: &[u64], ttl: Duration) {
+    pub fn routed_unconfirmed(&self, addr: SocketAddr, chain: &[u64], ttl: Duration) {
         let until = self.now() + (ttl.as_millis() / 100).max(1) as u32;
-        self.put(addr, chain, until);
+        self.put(addr, chain, until, true);
     }
 
-    fn put(&self, addr: SocketAddr, chain: &[u64], until: u32) {
+    fn put(&self, addr: SocketAddr, chain: &[u64], until: u32, tip: bool) {
         if chain.is_empty() {
             return;
         }
@@ -168,6 +239,13 @@ impl PrefixIndex {
             None => inner.add(addr),
         };
         let cap = self.per_backend.min(self.total / inner.live).max(1);
+        if tip {
+            let last = chain[chain.len() - 1];
+            // A tip a prompt: far fewer than the blocks the index holds.
+            inner
+                .tips
+                .record(last, id as u32, tick, self.total / 8 + 1024);
+        }
         let backend = inner.backends[id].as_mut().expect("a known id is live");
         // Deepest first: of equally recent blocks, the tail goes first.
         for block in chain.iter().rev() {
@@ -201,9 +279,8 @@ impl PrefixIndex {
         }
     }
 
-    /// `addr` holds only the first `keep` blocks of `chain` (it reported
-    /// fewer cached tokens than expected): the rest are no longer its.
-    pub fn trim(&self, addr: SocketAddr, chain: &[u64], keep: usize) {
+    /// `addr` no longer holds `blocks` (its events said they went).
+    pub fn remove(&self, addr: SocketAddr, blocks: &[u64]) {
         let mut inner = self.lock();
         let inner = &mut *inner;
         let Some(&id) = inner.ids.get(&addr) else {
@@ -212,7 +289,7 @@ impl PrefixIndex {
         let backend = inner.backends[id as usize]
             .as_mut()
             .expect("a known id is live");
-        for block in chain.iter().skip(keep) {
+        for block in blocks {
             if release(&mut inner.blocks, *block, backend.id, None) {
                 backend.count -= 1;
                 inner.held -= 1;
@@ -231,6 +308,7 @@ impl PrefixIndex {
             .take()
             .expect("a known id is live");
         inner.live -= 1;
+        inner.tips.at.retain(|_, (holder, _)| *holder != id);
         for (block, _) in &backend.recency {
             if release(&mut inner.blocks, *block, backend.id, None) {
                 inner.held -= 1;
@@ -367,29 +445,39 @@ mod tests {
         SocketAddr::from(([127, 0, 0, 1], port))
     }
 
+    /// Each backend holding some of `chain` and how many blocks.
     fn held(index: &PrefixIndex, chain: &[u64]) -> Vec<(u16, usize)> {
         let mut out: Vec<(u16, usize)> = index
             .lookup(chain)
             .into_iter()
+            .filter(|h| h.blocks > 0)
             .map(|h| (h.addr.port(), h.blocks))
             .collect();
         out.sort();
         out
     }
 
+    /// The backend of the previous turn `chain` continues, and its length.
+    fn recent(index: &PrefixIndex, chain: &[u64]) -> Option<(u16, usize)> {
+        let found = index.lookup(chain).into_iter();
+        found
+            .filter_map(|h| Some((h.addr.port(), h.recent?)))
+            .next()
+    }
+
     #[test]
     fn unconfirmed_blocks_count_for_their_while_and_confirmed_ones_stay() {
         let index = PrefixIndex::new(100, 1000);
         let ttl = Duration::from_millis(100);
-        index.insert_unconfirmed(addr(1), &[1, 2, 3], ttl);
-        index.insert_unconfirmed(addr(2), &[1, 2, 3], ttl);
+        index.routed_unconfirmed(addr(1), &[1, 2, 3], ttl);
+        index.routed_unconfirmed(addr(2), &[1, 2, 3], ttl);
         // Backend 2's events confirm the first two blocks.
         index.insert(addr(2), &[1, 2]);
         assert_eq!(held(&index, &[1, 2, 3]), vec![(1, 3), (2, 3)]);
         std::thread::sleep(Duration::from_millis(250));
         assert_eq!(held(&index, &[1, 2, 3]), vec![(2, 2)]);
         // Routed again unconfirmed: confirmed blocks stay confirmed.
-        index.insert_unconfirmed(addr(2), &[1, 2, 3], ttl);
+        index.routed_unconfirmed(addr(2), &[1, 2, 3], ttl);
         std::thread::sleep(Duration::from_millis(250));
         assert_eq!(held(&index, &[1, 2, 3]), vec![(2, 2)]);
     }
@@ -458,23 +546,57 @@ mod tests {
     }
 
     #[test]
-    fn trim_and_forget_take_blocks_away() {
+    fn forget_takes_a_backends_blocks_and_tips_away() {
         let index = PrefixIndex::new(100, 1000);
-        index.insert(addr(1), &[1, 2, 3, 4]);
-        index.insert(addr(2), &[1, 2, 3, 4]);
-        index.trim(addr(1), &[1, 2, 3, 4], 1);
-        assert_eq!(held(&index, &[1, 2, 3, 4]), [(1, 1), (2, 4)]);
+        index.routed(addr(1), &[1, 2]);
+        index.routed(addr(2), &[1, 2, 3, 4]);
+        assert_eq!(held(&index, &[1, 2, 3, 4]), [(1, 2), (2, 4)]);
         index.forget(&addr(2));
-        assert_eq!(held(&index, &[1, 2, 3, 4]), [(1, 1)]);
-        assert_eq!(index.len(), 1);
+        assert_eq!(held(&index, &[1, 2, 3, 4]), [(1, 2)]);
+        assert_eq!(index.len(), 2);
+        assert_eq!(recent(&index, &[1, 2, 3, 4, 5]), Some((1, 2)));
         // Its stale queue entries are never read again; back, it starts
         // from nothing.
         index.insert(addr(2), &[5]);
         assert_eq!(held(&index, &[1]), [(1, 1)]);
         assert_eq!(held(&index, &[5]), [(2, 1)]);
-        // Trimming what a backend never held changes nothing.
-        index.trim(addr(3), &[1], 0);
-        index.trim(addr(2), &[1], 0);
-        assert_eq!(index.len(), 2);
+        assert_eq!(index.len(), 3);
+    }
+
+    #[test]
+    fn the_deepest_tip_names_the_previous_turns_backend_whatever_was_forgotten() {
+        // Room for 6 blocks a backend.
+        let index = PrefixIndex::new(6, 1000);
+        // A shared head (1, 2) everywhere; a conversation's turn on 2.
+        index.routed(addr(1), &[1, 2, 50]);
+        index.routed(addr(2), &[1, 2, 10, 11, 12]);
+        assert_eq!(recent(&index, &[1, 2, 10, 11, 12, 13, 14]), Some((2, 5)));
+        // Backend 2 serves others: its blocks of the conversation go, its
+        // tip stays.
+        index.routed(addr(2), &[1, 2, 60, 61, 62, 63]);
+        assert_eq!(held(&index, &[1, 2, 10, 11, 12, 13]), [(1, 2), (2, 2)]);
+        assert_eq!(recent(&index, &[1, 2, 10, 11, 12, 13]), Some((2, 5)));
+        // Events (not a routed prompt) make no tip; a prompt that continues
+        // no routed one has none.
+        index.insert(addr(1), &[1, 2, 70, 71]);
+        assert_eq!(recent(&index, &[1, 2, 70, 71, 72]), None);
+        // The conversation moved to 1: its next turn follows it.
+        index.routed(addr(1), &[1, 2, 10, 11, 12, 13, 14]);
+        assert_eq!(
+            recent(&index, &[1, 2, 10, 11, 12, 13, 14, 15]),
+            Some((1, 7))
+        );
+    }
+
+    #[test]
+    fn tips_are_bounded_oldest_first() {
+        let index = PrefixIndex::new(10, 10);
+        for i in 0..3000 {
+            index.routed(addr(1), &[i]);
+        }
+        let inner = index.lock();
+        assert_eq!(inner.tips.at.len(), 10 / 8 + 1024);
+        assert!(inner.tips.order.len() <= 2 * (10 / 8 + 1024));
+        assert!(inner.tips.at.contains_key(&2999) && !inner.tips.at.contains_key(&0));
     }
 }

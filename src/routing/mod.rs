@@ -198,6 +198,9 @@ pub struct Facts {
     /// The leading tokens of this request's prompt it is expected to hold
     /// (`index.rs`); 0 when none, or no index is kept.
     pub cached_tokens: u64,
+    /// It served the conversation's previous turn (`index.rs`, tips): the
+    /// cost rule's home for it, whatever the index has forgotten since.
+    pub recent: bool,
 }
 
 /// One backend a request may go to, and the route it is served under there.
@@ -309,6 +312,12 @@ pub struct Chain {
 }
 
 impl Chain {
+    /// Of token ids matched against the backends' KV-cache events, not of
+    /// the prompt's text.
+    pub fn exact(&self) -> bool {
+        self.rendered == Some(Ok(()))
+    }
+
     fn of_text(links: Vec<u64>) -> Self {
         Chain {
             links,

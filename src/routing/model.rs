@@ -149,6 +149,8 @@ pub struct Plan<'a, S> {
     status: S,
     /// What the index expects each backend to hold of the prompt.
     held: Holders,
+    /// The prompt tokens a block of it stands for.
+    block_tokens: u64,
     index: Option<&'a PrefixIndex>,
     input: &'a Routable,
 }
@@ -170,11 +172,7 @@ impl<S: Fn(usize) -> Facts> Plan<'_, S> {
     /// index.
     pub fn expected_tokens(&self, addr: SocketAddr) -> Option<u64> {
         self.index?;
-        Some(cached_tokens(
-            &self.held,
-            addr,
-            self.input.chain.block_tokens,
-        ))
+        Some(cached_tokens(&self.held, addr, self.block_tokens))
     }
 
     /// `candidate` gave the request a slot or a queue place: it will
@@ -187,10 +185,10 @@ impl<S: Fn(usize) -> Facts> Plan<'_, S> {
             return;
         };
         let chain = &self.input.chain;
-        if chain.rendered == Some(Ok(())) {
-            index.insert_unconfirmed(candidate.addr, &chain.links, UNCONFIRMED);
+        if chain.exact() {
+            index.routed_unconfirmed(candidate.addr, &chain.links, UNCONFIRMED);
         } else {
-            index.insert(candidate.addr, &chain.links);
+            index.routed(candidate.addr, &chain.links);
         }
     }
 }
@@ -225,26 +223,23 @@ impl ModelRouting {
         self.index.as_ref()
     }
 
-    /// A response of a request of `input` came from `addr`: it held its
-    /// slot for `held`, its first token came `ttft` after, and vLLM reports
-    /// `cached` of its `prompt` tokens cached where the index expected
-    /// `expected`. Teaches the cost rule its rates, and the index where it
-    /// was wrong: a backend that held well under half of what was expected
-    /// no longer holds the rest. A prompt matched against KV-cache events is
-    /// not corrected so: the events say what went (and vllm-sim's events
-    /// count bytes where its usage counts 4-byte tokens).
-    pub fn observed(&self, input: &Routable, addr: SocketAddr, seen: Observed) {
-        let Some(index) = &self.index else {
+    /// A response came: it held its slot for `held`, its first token came
+    /// `ttft` after, and vLLM reports `cached` of its `prompt` tokens
+    /// cached. Teaches the cost rule its rates. The index is not corrected
+    /// by it, even when it reports far fewer cached tokens than expected:
+    /// the backend has just prefilled the whole prompt, so it holds it now.
+    pub fn observed(&self, input: &Routable, seen: Observed) {
+        if self.index.is_none() {
             return;
-        };
+        }
         let (Some(prompt), Some(cached)) = (seen.prompt_tokens, seen.cached_tokens) else {
             return;
         };
         self.rates
             .observe(seen.held, seen.ttft, prompt.saturating_sub(cached));
-        if input.chain.rendered != Some(Ok(())) && cached * 2 < seen.expected_tokens {
-            let keep = (cached / input.chain.block_tokens.max(1)) as usize;
-            index.trim(addr, &input.chain.links, keep);
+        if !input.chain.exact() {
+            self.rates
+                .observe_text(prompt, input.chain.links.len() as u64);
         }
     }
 
@@ -302,19 +297,31 @@ impl ModelRouting {
                 route: Route::Owner,
             };
             let ranking = Ranking::only(only, position);
-            return Ok(self.plan(ranking, router, status, Holders::new(), input));
+            return Ok(self.plan(ranking, router, status, (Holders::new(), 0), input));
         }
-        let block_tokens = input.chain.block_tokens;
-        let held = match &self.index {
+        let block_tokens = match input.chain.exact() {
+            true => input.chain.block_tokens,
+            false => self.rates.text_block_tokens(),
+        };
+        let mut held = match &self.index {
             Some(index) if !input.chain.links.is_empty() => index.lookup(&input.chain.links),
             _ => Holders::new(),
         };
+        // Without events the index's evictions are a guess: the backend that
+        // served the previous turn is taken to hold that turn's prompt.
+        if !input.chain.exact() {
+            for h in &mut held {
+                h.blocks = h.blocks.max(h.recent.unwrap_or(0));
+            }
+        }
         // Each holder's position and tokens, so that a member's facts need
         // no address compared.
         let (holders, tokens): (SmallVec<[usize; 4]>, SmallVec<[u64; 4]>) = held
             .iter()
             .filter_map(|h| Some((router.position(&h.addr)?, h.blocks as u64 * block_tokens)))
             .unzip();
+        let recent =
+            (held.iter().find(|h| h.recent.is_some())).and_then(|h| router.position(&h.addr));
         let request = Request {
             affinity: input.affinity(),
             tried: &input.tried,
@@ -330,12 +337,13 @@ impl ModelRouting {
                 .iter()
                 .position(|h| *h == i)
                 .map_or(0, |k| tokens[k]),
+            recent: recent == Some(i),
             ..status(i)
         };
         let ranking = router
             .rank_at(request, facts)
             .ok_or(Unroutable::NoBackend)?;
-        Ok(self.plan(ranking, router, status, held, input))
+        Ok(self.plan(ranking, router, status, (held, block_tokens), input))
     }
 
     fn plan<'a, S>(
@@ -343,7 +351,7 @@ impl ModelRouting {
         ranking: Ranking,
         router: &'a RoutingTable,
         status: S,
-        held: Holders,
+        (held, block_tokens): (Holders, u64),
         input: &'a Routable,
     ) -> Plan<'a, S> {
         Plan {
@@ -351,6 +359,7 @@ impl ModelRouting {
             router,
             status,
             held,
+            block_tokens,
             index: self.index.as_deref(),
             input,
         }
@@ -396,8 +405,6 @@ pub struct Observed {
     pub ttft: Option<std::time::Duration>,
     pub prompt_tokens: Option<u64>,
     pub cached_tokens: Option<u64>,
-    /// What the index expected its backend to hold.
-    pub expected_tokens: u64,
 }
 
 /// The tokens `addr` holds by `held`.
@@ -535,32 +542,28 @@ mod tests {
     }
 
     #[test]
-    fn a_response_that_held_far_less_than_expected_corrects_the_index() {
+    fn a_response_that_held_far_less_than_expected_does_not_forget_its_prompt() {
         let (routing, router) = indexed();
         let input = long_turn(&routing, "d", 1, "");
         let (first, _) = admit_loaded(&routing, &router, &input, None);
         let (_, expected) = admit_loaded(&routing, &router, &input, None);
         let expected = expected.unwrap();
         assert!(expected > 1000);
-        let seen = |cached| Observed {
-            held: std::time::Duration::from_millis(100),
-            ttft: None,
-            prompt_tokens: Some(expected + 10),
-            cached_tokens: Some(cached),
-            expected_tokens: expected,
-        };
-        // Close enough: kept.
-        routing.observed(&input, first.addr, seen(expected * 3 / 4));
-        assert_eq!(
-            admit_loaded(&routing, &router, &input, None).1,
-            Some(expected)
+        // Far short (a restart nothing failed): the backend prefilled the
+        // whole prompt for it, so it holds it now.
+        routing.observed(
+            &input,
+            Observed {
+                held: std::time::Duration::from_millis(100),
+                ttft: None,
+                prompt_tokens: Some(expected + 10),
+                cached_tokens: Some(128),
+            },
         );
-        // Far short (a restart nothing failed): only what it reported.
-        routing.observed(&input, first.addr, seen(128));
         let plan = routing
             .route(&router, &input, |_| Facts::default(), Instant::now())
             .unwrap();
-        assert_eq!(plan.expected_tokens(first.addr), Some(128));
+        assert_eq!(plan.expected_tokens(first.addr), Some(expected));
     }
 
     #[test]
