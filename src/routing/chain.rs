@@ -27,6 +27,7 @@
 //! usual four bytes a token.
 
 use serde_json::value::RawValue;
+use smallvec::{smallvec, SmallVec};
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 use crate::api::{Api, Conversation};
@@ -47,17 +48,29 @@ pub fn of(api: Api, body: &[u8]) -> Vec<u64> {
 /// The chain of a prompt's fields, read from the body already
 /// (`body::inspect`).
 pub fn of_prompt(api: Api, p: &Prompt) -> Vec<u64> {
+    stream(&parts(api, p))
+}
+
+/// The prompt tokens of a prompt's fields, at four bytes a token: what
+/// admission expects the backend to prefill before it knows better.
+pub fn prompt_tokens(api: Api, p: &Prompt) -> u64 {
+    let bytes: usize = parts(api, p).iter().flatten().map(|f| f.get().len()).sum();
+    (bytes / 4) as u64
+}
+
+/// The fields the stream is made of, in order; none for another API.
+fn parts<'a>(api: Api, p: &Prompt<'a>) -> SmallVec<[Option<&'a RawValue>; 3]> {
     match api.describe().conversation {
         Some(Conversation::Messages {
             system: Some(system),
             messages,
-        }) => stream(&[p.tools, p.field(system), p.field(messages)]),
+        }) => smallvec![p.tools, p.field(system), p.field(messages)],
         Some(Conversation::Messages {
             system: None,
             messages,
-        }) => stream(&[p.tools, p.field(messages)]),
-        Some(Conversation::Text) => stream(&[p.prompt]),
-        None => Vec::new(),
+        }) => smallvec![p.tools, p.field(messages)],
+        Some(Conversation::Text) => smallvec![p.prompt],
+        None => SmallVec::new(),
     }
 }
 
