@@ -128,7 +128,7 @@ def main() -> int:
 
 
 def render(rows, a, bins) -> str:
-    out = [f"## 5. Long prompts against short ones, fair in tokens", "",
+    out = ["## 5. Long prompts against short ones, fair in tokens", "",
            f"- date: {C.now_utc()}; {C.build_info(bins)}",
            f"- command: `python3 bench/tenants/long_short.py --rounds {a.rounds} --secs {a.secs:g}`", "",
            "One vllm-sim (`--max-num-seqs 4 --prefill-us-per-token 30 --decode-us-per-token 2000 "
@@ -151,7 +151,8 @@ def render(rows, a, bins) -> str:
             if mode == "tokens":
                 want = w[0] / w[1]
                 goal = f"{want:.1f} ±10%: **{'met' if abs(med / want - 1) <= 0.10 else 'not met'}**"
-            out.append(f"| {w[0]} : {w[1]} | {mode} | {' / '.join(f'{x['ratio']:.2f}' for x in rs)} | "
+            per_round = " / ".join(f"{x['ratio']:.2f}" for x in rs)
+            out.append(f"| {w[0]} : {w[1]} | {mode} | {per_round} | "
                        f"{med:.2f} | {goal} | {busy:.2f} | {busy / fcfs_busy:.3f} | "
                        f"{rs[-1]['done']['long']} / {rs[-1]['done']['short']} |")
     refused = sum(x["refused"] for x in rows)
