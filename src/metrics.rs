@@ -126,6 +126,18 @@ pub static TENANT_REJECTED: LazyLock<IntCounterVec> = LazyLock::new(|| {
     )
 });
 
+/// In the unit `tenants.fairness` counts: requests, or weighted tokens
+/// (uncached prompt tokens plus output tokens times their learnt or set
+/// cost), rounded per request.
+pub static TENANT_SERVICE: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter_vec(
+        "poimen_gateway_tenant_service_total",
+        "Service the backends gave the tenant, in the unit fair admission \
+         counts it in (tenants.fairness: requests, or weighted tokens)",
+        &["tenant"],
+    )
+});
+
 pub static TENANT_IN_FLIGHT: LazyLock<IntGaugeVec> = LazyLock::new(|| {
     gauge_vec(
         "poimen_gateway_tenant_in_flight",
@@ -520,6 +532,7 @@ fn count_on(
 pub struct TenantSeries {
     label: Arc<str>,
     in_flight: OnceLock<IntGauge>,
+    service: OnceLock<IntCounter>,
     models: Mutex<Vec<(Box<str>, Arc<KeptModel>)>>,
 }
 
@@ -556,6 +569,7 @@ impl TenantSeries {
         TenantSeries {
             label,
             in_flight: OnceLock::new(),
+            service: OnceLock::new(),
             models: Mutex::default(),
         }
     }
@@ -563,6 +577,11 @@ impl TenantSeries {
     /// `poimen_gateway_tenant_in_flight` of the tenant.
     pub fn in_flight(&self) -> &IntGauge {
         (self.in_flight).get_or_init(|| TENANT_IN_FLIGHT.with_label_values(&[&*self.label]))
+    }
+
+    /// `poimen_gateway_tenant_service_total` of the tenant.
+    pub fn service(&self) -> &IntCounter {
+        (self.service).get_or_init(|| TENANT_SERVICE.with_label_values(&[&*self.label]))
     }
 
     /// The tenant's series of `model`.

@@ -301,3 +301,115 @@ async fn unlisted_names_are_bounded_label_values() {
     eventually("the overflow logged", || async { overflows() > 0 }).await;
     assert_eq!(overflows(), 1, "logged once");
 }
+
+/// The GPU time, by the sim's own timing, that each of two tenants was
+/// served while both kept a backend busy: one with 8,000-token uncached
+/// prompts, the other with 500-token ones, 16 output tokens each. Each
+/// response's GPU time is taken as the span that ended when it did, and
+/// counted where it falls between the `skip`th response (the gateway
+/// learns its prices from the first) and the `skip + count`th.
+async fn gpu_seconds_long_and_short(gw: &Gateway, skip: usize, count: usize) -> (f64, f64) {
+    use std::sync::{Arc, Mutex};
+    use std::time::Instant;
+    // (tenant, end, GPU seconds) of each response, in the order they ended.
+    let ended = Arc::new(Mutex::new(Vec::<(usize, Instant, f64)>::new()));
+    let url = gw.url("/v1/chat/completions");
+    let worker = |who: usize, w: usize| {
+        let (ended, url) = (ended.clone(), url.clone());
+        tokio::spawn(async move {
+            let (tenant, bytes) = [("long", 32_000), ("short", 2_000)][who];
+            for i in 0.. {
+                if ended.lock().unwrap().len() >= skip + count {
+                    return;
+                }
+                // Unique from its first block: nothing of it is cached.
+                let head = format!("{tenant} {w} {i} ");
+                let content = format!("{head}{}", "x".repeat(bytes - head.len()));
+                let body = json!({"model": "m", "max_tokens": 16,
+                    "messages": [{"role": "user", "content": content}]});
+                let resp = client()
+                    .post(&url)
+                    .header("x-tenant", tenant)
+                    .json(&body)
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(resp.status(), 200);
+                let usage = resp.json::<serde_json::Value>().await.unwrap()["usage"].clone();
+                let n = |v: &serde_json::Value| v.as_f64().unwrap_or(0.0);
+                let uncached = n(&usage["prompt_tokens"])
+                    - n(&usage["prompt_tokens_details"]["cached_tokens"]);
+                // The sim's --prefill-us-per-token and --decode-us-per-token.
+                let gpu = uncached * 30e-6 + n(&usage["completion_tokens"]) * 2e-3;
+                ended.lock().unwrap().push((who, Instant::now(), gpu));
+            }
+        })
+    };
+    // More than the slots and the queue take: both always wait.
+    let workers: Vec<_> = (0..2)
+        .flat_map(|who| (0..6).map(move |w| (who, w)))
+        .map(|(who, w)| worker(who, w))
+        .collect();
+    for w in workers {
+        w.await.unwrap();
+    }
+    let ended = ended.lock().unwrap();
+    let (from, to) = (ended[skip].1, ended[skip + count - 1].1);
+    let mut served = [0.0; 2];
+    for &(who, end, gpu) in ended.iter() {
+        let start = end - Duration::from_secs_f64(gpu);
+        let overlap = end.min(to).saturating_duration_since(start.max(from));
+        served[who] += overlap.as_secs_f64();
+    }
+    (served[0], served[1])
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn long_prompts_get_the_gpu_time_of_short_ones_not_their_request_count() {
+    let sim = crate::support::sim::Sim::start_scaled(
+        "m",
+        "1",
+        &[
+            "--max-num-seqs",
+            "4",
+            "--prefill-us-per-token",
+            "30",
+            "--decode-us-per-token",
+            "2000",
+            "--step-us-per-running-seq",
+            "0",
+        ],
+    );
+    let run = |fairness: &'static str| {
+        let sim = sim.addr;
+        async move {
+            let extra = format!(
+                "  scheduler: {{max_num_seqs: 2, max_queue_depth: 20}}\n  tenants: {{header: X-Tenant, fairness: {fairness}}}\n"
+            );
+            let yaml = format!("{extra}  models:\n    - name: m\n      address: \"{sim}\"\n");
+            let gw = Gateway::start(&yaml).await;
+            let (long, short) = gpu_seconds_long_and_short(&gw, 10, 50).await;
+            let text = gw.metrics_text().await;
+            let service = |t| {
+                tenant_metric(
+                    &text,
+                    "poimen_gateway_tenant_service_total",
+                    &[("tenant", t)],
+                )
+            };
+            (long / short, service("long"), service("short"))
+        }
+    };
+    // By tokens: about 1:1 (the bound is wide for a loaded machine).
+    let (ratio, long, short) = run("tokens").await;
+    assert!(
+        (0.6..1.7).contains(&ratio),
+        "GPU time long : short = {ratio:.2}"
+    );
+    // Counted in weighted tokens: far more than the ~100 requests each.
+    assert!(long > 100_000.0 && short > 10_000.0, "{long} {short}");
+    // By requests, as before: one request each in turn, about 5.8:1.
+    let (ratio, long, short) = run("requests").await;
+    assert!(ratio > 3.0, "GPU time long : short = {ratio:.2}");
+    assert!(long < 200.0 && short < 200.0, "{long} {short}");
+}

@@ -6,15 +6,23 @@
 //! are inserted when prefill ends. A `Job` holds its batch slot and KV
 //! reservation until dropped, which is what frees them when a client
 //! disconnects mid-request.
+//!
+//! Each step ends at a deadline the last one set, not a sleep from when
+//! the last one woke: a timer's lateness (up to a millisecond a sleep)
+//! would otherwise add up over the steps and make a token cost more than
+//! `--decode-us-per-token`. A step that starts more than its own length
+//! late (a stream's reader was slow) starts from now: it owes nothing.
 
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use crate::app::App;
 use crate::batch::RunningGuard;
 use crate::lora::Served;
 use crate::shapes::Usage;
-use crate::timing::pause;
 use crate::tokenize::{block_hashes, count_tokens};
 
 #[derive(Debug)]
@@ -27,6 +35,8 @@ pub struct Job {
     pub prompt_tokens: usize,
     pub cached_tokens: usize,
     pub output_tokens: usize,
+    /// When the step under way ends.
+    due: Mutex<Instant>,
     _slot: RunningGuard,
 }
 
@@ -59,6 +69,7 @@ pub async fn admit(app: &Arc<App>, served: &Served, prompt: &str, output_tokens:
         prompt_tokens,
         cached_tokens,
         output_tokens,
+        due: Mutex::new(Instant::now()),
         _slot: slot,
     }
 }
@@ -67,12 +78,8 @@ impl Job {
     /// Computes the uncached part of the prompt, then caches all its blocks.
     pub async fn prefill(&self) {
         let uncached = self.prompt_tokens - self.cached_tokens;
-        pause(
-            self.app
-                .timing
-                .prefill(uncached, self.app.faults.delay_factor()),
-        )
-        .await;
+        let d = (self.app.timing).prefill(uncached, self.app.faults.delay_factor());
+        self.step(d).await;
         {
             let mut cache = self.app.cache.lock().expect("cache lock");
             match (&self.app.kv_events, &self.for_events) {
@@ -111,7 +118,25 @@ impl Job {
             .app
             .timing
             .decode_step(self.app.sched.running(), self.app.faults.delay_factor());
-        pause(d).await;
+        self.step(d).await;
+    }
+
+    /// Work for `d`, from the end of the last step (or from now, if that
+    /// is more than `d` ago).
+    async fn step(&self, d: Duration) {
+        if d.is_zero() {
+            return;
+        }
+        let now = Instant::now();
+        let due = {
+            let mut due = self.due.lock().expect("due lock");
+            if now.saturating_duration_since(*due) > d {
+                *due = now;
+            }
+            *due += d;
+            *due
+        };
+        tokio::time::sleep_until(due).await;
     }
 
     pub fn usage(&self) -> Usage {

@@ -1,29 +1,38 @@
 //! One backend's line of waiting requests, fair between tenants.
 //!
 //! Order. Agent requests go before warmups. Within a class a freed slot goes
-//! to the tenant granted the fewest slots for its weight, by start-time fair
-//! queueing (Goyal, Vin and Cheng, 1996), one request being one unit of
-//! service (requests, not tokens as the Virtual Token Counter counts), on
-//! each backend apart:
+//! to the tenant granted the least service for its weight, by start-time
+//! fair queueing (Goyal, Vin and Cheng, 1996), on each backend apart. A
+//! request's service is what the caller says it costs (`tokens`: one unit,
+//! or its weighted tokens as the Virtual Token Counter counts them, Sheng
+//! et al. 2024), estimated when it is granted and corrected once when it
+//! ends:
 //!
 //! - Each class has a virtual clock, and each tenant a tag per class: while
 //!   the tenant waits, the virtual start of its oldest request; otherwise the
 //!   virtual finish of its last one granted.
 //! - A slot goes to the waiting tenant with the lowest tag (a tie: to the
 //!   older request), its oldest request: first-in first-out within a tenant.
-//!   The clock moves to that tag and the tenant's tag grows by
-//!   `REQUEST / weight` (rounded down, less than 0.01% off). Tenants that all
+//!   The clock moves to that tag and the tenant's tag grows by the request's
+//!   `service / weight` (rounded down, less than 0.1% off). Tenants that all
 //!   wait are so served in proportion to their weights, interleaved: 3:1
-//!   gives A B A A A B A A A B...
+//!   in requests gives A B A A A B A A A B...
+//! - When a granted request ends, its tenant's tag moves by the difference
+//!   between what it cost and what it was charged (`settle`): a request
+//!   that reported fewer tokens than estimated gives the rest back. A
+//!   request whose attempt failed before it was served is charged nothing.
 //! - A tenant that starts waiting takes the tag `max(its tag, clock)`: idle,
 //!   it banks no credit; it re-enters level with the tenant served last, at
 //!   most one request ahead of the others, then takes its weighted turn. A
-//!   tag still ahead of the clock (slots granted lately) counts against it.
+//!   tag still ahead of the clock (service granted lately) counts against
+//!   it.
 //! - Work-conserving: a slot is never kept for an absent tenant; a tenant
 //!   alone gets every slot, whatever its weight.
-//! - When no one of a class waits, its clock and tags restart at 0: slots
-//!   granted while no one waited took no one's turn. For the same reason a
-//!   request that finds a free slot and no line takes it without a tag.
+//! - When no one of a class waits, its clock and tags restart at 0, and the
+//!   corrections still to come of that class are dropped (each grant
+//!   carries its epoch): slots granted while no one waited took no one's
+//!   turn. For the same reason a request that finds a free slot and no
+//!   line takes it without a tag.
 //!
 //! Places. The line holds at most `max_queue_depth` requests of both
 //! classes. A tenant's share of them is `max_queue_depth * weight / W`, `W`
@@ -42,10 +51,13 @@
 //! tenant at or over its share is refused, so a lone tenant meets a full
 //! line as before tenants were told apart, and an agent request of a tenant
 //! that keeps within its share is never refused because another floods.
+//! Places are counted in requests, in either unit: a place is a wait, and
+//! the order of service is what the unit decides.
 //!
-//! Cost: each grant, place taken or request leaving looks once at every
-//! tenant in the line (those waiting, and those whose tag is still ahead of
-//! its clock); a tenant's queues are kept for reuse when it leaves.
+//! Cost: each grant, place taken, request leaving or request settled looks
+//! once at every tenant in the line (those waiting, those whose tag is
+//! still ahead of its clock, and those with a granted request still to
+//! settle); a tenant's queues are kept for reuse when it leaves.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -54,9 +66,6 @@ use super::{AdmitError, Class};
 
 /// The largest weight; a larger one is taken as this.
 pub const MAX_WEIGHT: u32 = 1000;
-
-/// One request of a tenant of weight 1, in virtual time.
-const REQUEST: u64 = 1 << 24;
 
 /// The classes in the order they are served; a class indexes by `as usize`.
 const CLASSES: [Class; 2] = [Class::Agent, Class::Warmup];
@@ -89,9 +98,9 @@ impl Share {
         Arc::ptr_eq(&self.name, &other.name) || self.name == other.name
     }
 
-    /// One of its requests, in virtual time.
-    fn cost(&self) -> u64 {
-        REQUEST / u64::from(self.weight)
+    /// `units` of service, in its virtual time.
+    fn cost(&self, units: u64) -> u64 {
+        units / u64::from(self.weight)
     }
 }
 
@@ -102,9 +111,23 @@ pub struct Line<T> {
     /// Per class.
     clocks: [u64; 2],
     waiting: [usize; 2],
+    /// Per class: how many times its clock restarted.
+    epochs: [u64; 2],
     next_id: u64,
     /// Queues of tenants that left, for the next that comes.
-    spare: Vec<VecDeque<(u64, T)>>,
+    spare: Vec<VecDeque<Waiting<T>>>,
+}
+
+/// A waiter, its id (increasing) and the units it is charged when granted.
+type Waiting<T> = (u64, u64, T);
+
+/// A slot granted from the line: what to correct when the request ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grant {
+    class: Class,
+    epoch: u64,
+    /// What its tenant's tag grew by.
+    cost: u64,
 }
 
 struct Entry<T> {
@@ -114,11 +137,13 @@ struct Entry<T> {
 }
 
 struct Lane<T> {
-    /// Oldest first, with their ids (increasing).
-    waiters: VecDeque<(u64, T)>,
+    /// Oldest first.
+    waiters: VecDeque<Waiting<T>>,
     /// While waiting: the virtual start of the oldest; else the virtual
     /// finish of the last granted.
     tag: u64,
+    /// Granted in this epoch and not yet settled.
+    unsettled: usize,
 }
 
 impl<T> Entry<T> {
@@ -133,6 +158,7 @@ impl<T> Default for Line<T> {
             tenants: Vec::new(),
             clocks: [0; 2],
             waiting: [0; 2],
+            epochs: [0; 2],
             next_id: 0,
             spare: Vec::new(),
         }
@@ -148,8 +174,9 @@ impl<T> Line<T> {
         self.len() == 0
     }
 
-    /// Join the line (the caller checked there is room).
-    pub fn push(&mut self, class: Class, tenant: &Share, waiter: T) -> u64 {
+    /// Join the line (the caller checked there is room), to be charged
+    /// `units` of service when granted.
+    pub fn push(&mut self, class: Class, tenant: &Share, units: u64, waiter: T) -> u64 {
         let c = class as usize;
         let i = match self.tenants.iter().position(|e| e.tenant.is(tenant)) {
             Some(i) => i,
@@ -157,6 +184,7 @@ impl<T> Line<T> {
                 let lanes = [(); 2].map(|()| Lane {
                     waiters: self.spare.pop().unwrap_or_default(),
                     tag: 0,
+                    unsettled: 0,
                 });
                 self.tenants.push(Entry {
                     tenant: tenant.clone(),
@@ -171,13 +199,13 @@ impl<T> Line<T> {
         if lane.waiters.is_empty() {
             lane.tag = lane.tag.max(self.clocks[c]);
         }
-        lane.waiters.push_back((id, waiter));
+        lane.waiters.push_back((id, units, waiter));
         self.waiting[c] += 1;
         id
     }
 
-    /// The next waiter to be given a slot.
-    pub fn pop(&mut self) -> Option<T> {
+    /// The next waiter to be given a slot, and its grant to settle.
+    pub fn pop(&mut self) -> Option<(T, Grant)> {
         let class = CLASSES
             .into_iter()
             .find(|&c| self.waiting[c as usize] > 0)?;
@@ -192,13 +220,37 @@ impl<T> Line<T> {
             })
             .min()?;
         let entry = &mut self.tenants[i];
-        let cost = entry.tenant.cost();
         let lane = &mut entry.lanes[c];
-        let (_, waiter) = lane.waiters.pop_front()?;
+        let (_, units, waiter) = lane.waiters.pop_front()?;
+        let cost = entry.tenant.cost(units);
         self.clocks[c] = lane.tag;
         lane.tag += cost;
+        lane.unsettled += 1;
+        let grant = Grant {
+            class,
+            epoch: self.epochs[c],
+            cost,
+        };
         self.left(class);
-        Some(waiter)
+        Some((waiter, grant))
+    }
+
+    /// A request of `tenant` granted by [`Line::pop`] ended having cost
+    /// `units`: its tenant's tag moves by the difference from its charge.
+    /// Nothing after its class's clock restarted.
+    pub fn settle(&mut self, tenant: &Share, grant: Grant, units: u64) {
+        let c = grant.class as usize;
+        if grant.epoch != self.epochs[c] {
+            return;
+        }
+        // Present: a tenant with a grant to settle is never forgotten.
+        let Some(e) = self.tenants.iter_mut().find(|e| e.tenant.is(tenant)) else {
+            return;
+        };
+        let lane = &mut e.lanes[c];
+        lane.unsettled -= 1;
+        lane.tag = (lane.tag + e.tenant.cost(units)).saturating_sub(grant.cost);
+        self.forget_done();
     }
 
     /// With `depth` places, make room for a request of `tenant`: nothing to
@@ -246,7 +298,7 @@ impl<T> Line<T> {
         };
         let displaced = self.tenants[i].lanes[from as usize].waiters.pop_back();
         self.left(from);
-        Ok(displaced.map(|(_, waiter)| waiter))
+        Ok(displaced.map(|(_, _, waiter)| waiter))
     }
 
     /// Take the waiter `id` out of the line; false if it is not in it.
@@ -255,7 +307,7 @@ impl<T> Line<T> {
             let c = class as usize;
             for e in &mut self.tenants {
                 let waiters = &mut e.lanes[c].waiters;
-                if let Some(k) = waiters.iter().position(|&(w, _)| w == id) {
+                if let Some(k) = waiters.iter().position(|&(w, _, _)| w == id) {
                     // The next inherits the tag: no slot was granted.
                     waiters.remove(k);
                     self.left(class);
@@ -272,17 +324,23 @@ impl<T> Line<T> {
         self.waiting[c] -= 1;
         if self.waiting[c] == 0 {
             self.clocks[c] = 0;
+            self.epochs[c] += 1;
             for e in &mut self.tenants {
                 e.lanes[c].tag = 0;
+                e.lanes[c].unsettled = 0;
             }
         }
-        // Forget tenants that neither wait nor owe: they would re-enter at
-        // the clock anyway.
+        self.forget_done();
+    }
+
+    /// Forget tenants that neither wait, nor owe, nor have a grant to
+    /// settle: they would re-enter at the clock anyway.
+    fn forget_done(&mut self) {
         let mut i = 0;
         while i < self.tenants.len() {
             let e = &self.tenants[i];
             let done = (e.lanes.iter().zip(self.clocks))
-                .all(|(l, clock)| l.waiters.is_empty() && l.tag <= clock);
+                .all(|(l, clock)| l.waiters.is_empty() && l.tag <= clock && l.unsettled == 0);
             if done {
                 let e = self.tenants.swap_remove(i);
                 self.spare.extend(e.lanes.map(|l| l.waiters));

@@ -3,15 +3,19 @@
 //! next request is refused at once, so no task piles up.
 //!
 //! Waiters are served agent requests first, then warmups; within each class
-//! fairly between tenants by weight, first-in first-out within a tenant. A
-//! full queue gives the place of a tenant over its share to a tenant under
-//! it (see `fair`). With one tenant: first-in first-out within each class,
-//! and a full queue refuses.
+//! fairly between tenants by weight, in requests or in the GPU work they
+//! cost (`tokens`), first-in first-out within a tenant. A full queue gives
+//! the place of a tenant over its share to a tenant under it (see `fair`).
+//! With one tenant: first-in first-out within each class, and a full queue
+//! refuses.
 //!
 //! Every resource is a guard: a [`Permit`] frees its slot when dropped
 //! (handing it straight to the next waiter), a [`Ticket`] leaves the queue
 //! when dropped, so cancellation (a client gone, a timeout, an error) cannot
-//! leak a slot or a place.
+//! leak a slot or a place. A permit also carries its request's charge:
+//! [`Permit::finish`] corrects it by what the response reported,
+//! [`Permit::refund`] takes it back (an attempt that failed and moves on);
+//! dropped otherwise, the estimate stands.
 //!
 //! With `scheduler.load_feedback` the slot limit moves with the backend's
 //! load reports (see `feedback`): a lower limit takes effect as slots are
@@ -20,6 +24,7 @@
 mod fair;
 mod feedback;
 pub mod load_report;
+mod tokens;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -28,10 +33,12 @@ use std::time::{Duration, Instant};
 use prometheus::IntGauge;
 use tokio::sync::oneshot;
 
-use fair::Line;
+use fair::{Grant, Line};
 pub use fair::{Share, MAX_WEIGHT};
 use feedback::Feedback;
 pub use feedback::Fleet;
+use tokens::Pricing;
+pub use tokens::{Demand, Fairness, Reported, Work};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Class {
@@ -84,14 +91,38 @@ pub struct Admission {
     gauges: Gauges,
 }
 
-/// Where a waiter's permit is sent; dropped unsent, its place was taken.
-type Waiter = oneshot::Sender<Permit>;
+/// A waiting request: where its permit is sent (dropped unsent, its place
+/// was taken), and what it will be charged.
+struct Waiter {
+    tx: oneshot::Sender<Permit>,
+    charge: Charge,
+}
+
+/// What a request in flight was charged, to settle when it ends.
+struct Charge {
+    tenant: Share,
+    estimate: Work,
+    /// Granted from the line: its tenant's tag to correct. None when it
+    /// found a free slot and no line.
+    grant: Option<Grant>,
+}
+
+/// How a request's charge is settled when its slot is freed.
+enum Settled {
+    /// By what its response reported, after this long in the slot.
+    Reported(Reported, Duration),
+    /// Its estimate stands.
+    Estimated,
+    /// Served nothing: charged nothing.
+    Refunded,
+}
 
 struct State {
     running: usize,
     line: Line<Waiter>,
     /// With load feedback: the moving slot limit.
     feedback: Option<Feedback>,
+    pricing: Pricing,
 }
 
 impl State {
@@ -111,11 +142,18 @@ impl Admission {
     /// `feedback`: with `scheduler.load_feedback`, the backend as the
     /// replicas share it (its whole `max_num_seqs` is the most slots its
     /// reports may lend this replica).
-    pub fn new(limits: Capacity, feedback: Option<Fleet>, gauges: Gauges) -> Arc<Self> {
+    /// `fairness`: the unit tenants' shares are counted in.
+    pub fn new(
+        limits: Capacity,
+        feedback: Option<Fleet>,
+        fairness: Fairness,
+        gauges: Gauges,
+    ) -> Arc<Self> {
         let state = State {
             running: 0,
             line: Line::default(),
             feedback: feedback.map(|fleet| Feedback::new(limits.max_num_seqs, fleet)),
+            pricing: Pricing::new(fairness),
         };
         Arc::new(Admission {
             limits,
@@ -168,7 +206,13 @@ impl Admission {
 
     /// Take a slot if one is free, else a queue place if one is free or
     /// `tenant` may take one (see `fair`), else refuse. Never waits.
-    pub fn try_enter(self: &Arc<Self>, class: Class, tenant: &Share) -> Result<Ticket, AdmitError> {
+    /// `demand`: what the request will cost this backend, as far as known.
+    pub fn try_enter(
+        self: &Arc<Self>,
+        class: Class,
+        tenant: &Share,
+        demand: Demand,
+    ) -> Result<Ticket, AdmitError> {
         let now = Instant::now();
         let mut st = self.lock();
         // With feedback the limit may have risen since the last release (a
@@ -178,7 +222,7 @@ impl Admission {
         } else {
             Vec::new()
         };
-        let entered = self.enter(&mut st, class, tenant, now);
+        let entered = self.enter(&mut st, class, tenant, demand, now);
         drop(st);
         self.send(granted);
         entered
@@ -189,12 +233,19 @@ impl Admission {
         st: &mut State,
         class: Class,
         tenant: &Share,
+        demand: Demand,
         now: Instant,
     ) -> Result<Ticket, AdmitError> {
+        let estimate = st.pricing.estimate(demand);
+        let charge = Charge {
+            tenant: tenant.clone(),
+            estimate,
+            grant: None,
+        };
         if st.running < st.slot_limit(self.limits, now) && st.line.is_empty() {
             st.running += 1;
             self.publish(st);
-            return Ok(Ticket::Ready(Permit::new(self)));
+            return Ok(Ticket::Ready(Permit::new(self, charge)));
         }
         let displaced = st
             .line
@@ -202,7 +253,8 @@ impl Admission {
         // Its sender dropped, the displaced waiter is told `QueueFull`.
         drop(displaced);
         let (tx, rx) = oneshot::channel();
-        let id = st.line.push(class, tenant, tx);
+        let units = st.pricing.units(estimate);
+        let id = st.line.push(class, tenant, units, Waiter { tx, charge });
         self.publish(st);
         Ok(Ticket::Queued(Place {
             admission: self.clone(),
@@ -223,11 +275,28 @@ impl Admission {
         self.gauges.queued.set(st.queued() as i64);
     }
 
-    /// A slot was freed: hand it to the next waiter, or give it back (also
-    /// when a lowered limit has more running than it allows).
-    fn release(self: &Arc<Self>) {
+    /// A slot was freed: settle its charge, then hand the slot to the next
+    /// waiter, or give it back (also when a lowered limit has more running
+    /// than it allows). Returns the service it counted.
+    fn release(self: &Arc<Self>, charge: Charge, settled: Settled) -> f64 {
+        let mut service = 0.0;
         let next = {
             let mut st = self.lock();
+            let used = match settled {
+                Settled::Reported(r, held) => {
+                    let used = charge.estimate.corrected(r);
+                    if let (Some(_), Some(_)) = (r.prefill, r.output) {
+                        st.pricing.learn(used, held);
+                    }
+                    service = st.pricing.service(used);
+                    st.pricing.units(used)
+                }
+                Settled::Estimated => st.pricing.units(charge.estimate),
+                Settled::Refunded => 0,
+            };
+            if let Some(grant) = charge.grant {
+                st.line.settle(&charge.tenant, grant, used);
+            }
             let over = st.running > st.slot_limit(self.limits, Instant::now());
             let next = if over { None } else { st.line.pop() };
             if next.is_none() {
@@ -238,13 +307,12 @@ impl Admission {
         };
         // Outside the lock: if the waiter is gone, the returned permit is
         // dropped here and releases again.
-        if let Some(w) = next {
-            let _ = w.send(Permit::new(self));
-        }
+        self.send(next.into_iter().collect());
+        service
     }
 
     /// Waiters given the slots a raised limit freed, counted as running.
-    fn grant(&self, st: &mut State, now: Instant) -> Vec<Waiter> {
+    fn grant(&self, st: &mut State, now: Instant) -> Vec<(Waiter, Grant)> {
         let mut granted = Vec::new();
         while st.running < st.slot_limit(self.limits, now) {
             let Some(w) = st.line.pop() else {
@@ -258,9 +326,13 @@ impl Admission {
     }
 
     /// Outside the lock: send each granted waiter its permit.
-    fn send(self: &Arc<Self>, granted: Vec<Waiter>) {
-        for w in granted {
-            let _ = w.send(Permit::new(self));
+    fn send(self: &Arc<Self>, granted: Vec<(Waiter, Grant)>) {
+        for (w, grant) in granted {
+            let charge = Charge {
+                grant: Some(grant),
+                ..w.charge
+            };
+            let _ = w.tx.send(Permit::new(self, charge));
         }
     }
 
@@ -274,22 +346,50 @@ impl Admission {
     }
 }
 
-/// A slot in flight. Dropping it frees the slot.
+/// A slot in flight, and its request's charge. Dropping it frees the slot,
+/// its estimate standing; [`Permit::finish`] and [`Permit::refund`] settle
+/// it otherwise.
 pub struct Permit {
     admission: Arc<Admission>,
+    /// Taken when the slot is freed.
+    charge: Option<Charge>,
+    granted: Instant,
 }
 
 impl Permit {
-    fn new(admission: &Arc<Admission>) -> Self {
+    fn new(admission: &Arc<Admission>, charge: Charge) -> Self {
         Permit {
             admission: admission.clone(),
+            charge: Some(charge),
+            granted: Instant::now(),
+        }
+    }
+
+    /// The backend is done with the request, having reported `reported`:
+    /// free the slot and settle the charge. Returns the service counted
+    /// to its tenant (`tenants.fairness`'s unit).
+    pub fn finish(mut self, reported: Reported) -> f64 {
+        let held = self.granted.elapsed();
+        self.settle(Settled::Reported(reported, held))
+    }
+
+    /// The backend served nothing of the request (its attempt failed and
+    /// the request moves on): free the slot and charge nothing.
+    pub fn refund(mut self) {
+        self.settle(Settled::Refunded);
+    }
+
+    fn settle(&mut self, settled: Settled) -> f64 {
+        match self.charge.take() {
+            Some(c) => self.admission.release(c, settled),
+            None => 0.0,
         }
     }
 }
 
 impl Drop for Permit {
     fn drop(&mut self) {
-        self.admission.release();
+        self.settle(Settled::Estimated);
     }
 }
 

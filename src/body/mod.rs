@@ -37,6 +37,12 @@ struct Probe<'a> {
     stream_options: Option<IgnoredAny>,
     #[serde(borrow, default)]
     previous_response_id: Option<IgnoredAnyOr<Cow<'a, str>>>,
+    #[serde(default)]
+    max_tokens: Option<IgnoredAnyOr<u64>>,
+    #[serde(default)]
+    max_completion_tokens: Option<IgnoredAnyOr<u64>>,
+    #[serde(default)]
+    max_output_tokens: Option<IgnoredAnyOr<u64>>,
     #[serde(borrow, default)]
     tools: Option<&'a RawValue>,
     #[serde(borrow, default)]
@@ -139,6 +145,9 @@ pub struct Inspected<'a> {
     /// A string `previous_response_id` (Responses API).
     pub previous_response_id: Option<Cow<'a, str>>,
     pub prompt: Prompt<'a>,
+    /// The fewest output tokens it allows: `max_tokens`,
+    /// `max_completion_tokens` (chat) or `max_output_tokens` (Responses).
+    pub max_output: Option<u64>,
 }
 
 /// The top-level `"model"` (and stream flags) of a JSON request body.
@@ -156,6 +165,17 @@ pub fn inspect(body: &[u8]) -> Result<Inspected<'_>, BodyError> {
         }
     })?;
     let prompt = probe.prompt();
+    let max_output = [
+        &probe.max_tokens,
+        &probe.max_completion_tokens,
+        &probe.max_output_tokens,
+    ]
+    .into_iter()
+    .filter_map(|m| match m {
+        Some(IgnoredAnyOr::Value(n)) => Some(*n),
+        _ => None,
+    })
+    .min();
     let raw = probe.model.ok_or(BodyError::NoModel)?;
     // Borrowed unless escaped.
     let model = match serde_json::from_str::<&str>(raw.get()) {
@@ -175,6 +195,7 @@ pub fn inspect(body: &[u8]) -> Result<Inspected<'_>, BodyError> {
             Some(IgnoredAnyOr::Value(id)) => Some(id),
             _ => None,
         },
+        max_output,
     })
 }
 
@@ -191,6 +212,7 @@ pub fn inspect_multipart<'a>(
         stream_options: false,
         previous_response_id: None,
         prompt: Prompt::default(),
+        max_output: None,
     })
 }
 

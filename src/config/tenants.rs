@@ -4,6 +4,7 @@
 
 use serde::Deserialize;
 
+use crate::admission::Fairness;
 use crate::field::{invalid, Bound, Invalid};
 use crate::tenants::{Budget, Spec};
 
@@ -28,6 +29,24 @@ pub struct TenantsFile {
     /// `other`. Default 100.
     #[serde(default = "default_max_tracked")]
     max_tracked: u64,
+    /// What a backend's slots are shared in: `tokens`, the GPU work a
+    /// request costs (uncached prompt tokens and output tokens, weighted),
+    /// or `requests`, one a request however long. Default tokens.
+    #[serde(default)]
+    fairness: FairnessFile,
+    /// With `fairness: tokens`: an output token's cost in prefill tokens.
+    /// Default none: learnt from each backend's responses (its slot time
+    /// against its uncached prompt and completion tokens), 100 until then.
+    output_token_cost: Option<u64>,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
+#[serde(rename_all = "lowercase")]
+enum FairnessFile {
+    #[default]
+    Tokens,
+    Requests,
 }
 
 impl Default for TenantsFile {
@@ -37,6 +56,8 @@ impl Default for TenantsFile {
             list: Vec::new(),
             header: None,
             max_tracked: default_max_tracked(),
+            fairness: FairnessFile::default(),
+            output_token_cost: None,
         }
     }
 }
@@ -103,6 +124,7 @@ pub struct TenantsConfig {
     pub list: Vec<(String, Spec)>,
     pub header: Option<http::HeaderName>,
     pub max_tracked: usize,
+    pub fairness: Fairness,
 }
 
 impl Default for TenantsConfig {
@@ -112,6 +134,7 @@ impl Default for TenantsConfig {
             list: Vec::new(),
             header: None,
             max_tracked: crate::tenants::DEFAULT_MAX_TRACKED,
+            fairness: Fairness::Tokens { output_cost: None },
         }
     }
 }
@@ -149,6 +172,8 @@ pub const TOKENS_PER_MINUTE: Bound<u64> = Bound::new(
     1_000_000_000_000,
 );
 pub const MAX_TRACKED: Bound<u64> = Bound::new(&["gateway.tenants.max_tracked"], 1, 100_000);
+pub const OUTPUT_TOKEN_COST: Bound<u64> =
+    Bound::new(&["gateway.tenants.output_token_cost"], 1, 10_000);
 
 /// `authenticated`: `auth` names the tenants, so a header is not trusted.
 pub fn validate(t: TenantsFile, authenticated: bool) -> Result<TenantsConfig, Invalid> {
@@ -177,11 +202,26 @@ pub fn validate(t: TenantsFile, authenticated: bool) -> Result<TenantsConfig, In
                 .map_err(|_| invalid("gateway.tenants.header", &h, "not a header name"))?,
         ),
     };
+    let key = "gateway.tenants.output_token_cost";
+    let output_cost = t
+        .output_token_cost
+        .map(|c| OUTPUT_TOKEN_COST.check(key, c))
+        .transpose()?;
+    let fairness = match (t.fairness, output_cost) {
+        (FairnessFile::Tokens, c) => Fairness::Tokens {
+            output_cost: c.map(|c| c as u32),
+        },
+        (FairnessFile::Requests, None) => Fairness::Requests,
+        (FairnessFile::Requests, Some(c)) => {
+            return Err(invalid(key, c, "only with `fairness: tokens`"));
+        }
+    };
     Ok(TenantsConfig {
         defaults,
         list,
         header,
         max_tracked: MAX_TRACKED.check("gateway.tenants.max_tracked", t.max_tracked)? as usize,
+        fairness,
     })
 }
 
@@ -226,6 +266,18 @@ mod tests {
         assert_eq!(alice.limits.max_in_flight, Some(16));
         assert_eq!(alice.limits.tokens_per_minute, Some(500_000));
         assert_eq!(alice.limits.requests_per_minute, None);
+        assert_eq!(t.fairness, Fairness::Tokens { output_cost: None });
+        let set = parse("output_token_cost: 60").unwrap().fairness;
+        assert_eq!(
+            set,
+            Fairness::Tokens {
+                output_cost: Some(60)
+            }
+        );
+        assert_eq!(
+            parse("fairness: requests").unwrap().fairness,
+            Fairness::Requests
+        );
     }
 
     #[test]
@@ -244,6 +296,9 @@ mod tests {
         assert!(err("defaults: {tokens_per_minute: 0}")
             .contains("gateway.tenants.defaults.tokens_per_minute"));
         assert!(err("header: \"bad header\"").contains("gateway.tenants.header"));
+        assert!(err("fairness: tokenz").contains("fairness"));
+        assert!(err("output_token_cost: 0").contains("gateway.tenants.output_token_cost"));
+        assert!(err("fairness: requests\noutput_token_cost: 5").contains("only with"));
         let file: TenantsFile = serde_yaml::from_str("header: X-Tenant").unwrap();
         assert!(validate(file, true)
             .unwrap_err()

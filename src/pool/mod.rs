@@ -27,7 +27,7 @@ use log::{error, info};
 use pingora::lb::{Backend, Backends, HealthCheckService, HealthRegistry};
 use pingora::prelude::HttpPeer;
 
-use crate::admission::{Admission, Capacity, Fleet, Gauges};
+use crate::admission::{Admission, Capacity, Fairness, Fleet, Gauges};
 use crate::config::{HealthCheckConfig, ModelConfig};
 use crate::discovery::Discovery;
 use crate::failover::exclusion::{CurrentExclusions, Exclusions};
@@ -48,6 +48,8 @@ pub struct ModelPool {
     limits: Capacity,
     /// `scheduler.load_feedback`: the most slots a backend's reports may lend.
     load_feedback: Option<Fleet>,
+    /// `tenants.fairness`: the unit its backends share their slots in.
+    fairness: Fairness,
     /// Pingora's view of the set: `update` runs discovery, and the health
     /// registry checks its members.
     backends: Backends,
@@ -185,6 +187,7 @@ impl ModelPool {
         health: Option<&HealthCheckConfig>,
         upstream_ca_file: Option<&str>,
         owners: Arc<Owners>,
+        fairness: Fairness,
     ) -> (Self, Option<HealthCheckService>) {
         let members = Arc::new(ArcSwap::from_pointee(Members {
             router: RoutingTable::new(&model.policy, []),
@@ -210,6 +213,7 @@ impl ModelPool {
             routing: ModelRouting::new(model.name.as_str().into(), model.policy.clone(), owners),
             limits: model.limits,
             load_feedback: model.load_feedback,
+            fairness,
             backends: Backends::new_with_health_registry(Box::new(discovery), registry),
             members,
             retired: Mutex::default(),
@@ -369,7 +373,7 @@ impl ModelPool {
             inflight: metrics::IN_FLIGHT.with_label_values(&labels),
             queued: metrics::QUEUE_DEPTH.with_label_values(&labels),
         };
-        Admission::new(self.limits, self.load_feedback, gauges)
+        Admission::new(self.limits, self.load_feedback, self.fairness, gauges)
     }
 
     /// Forget the retired backends nobody holds: no request (its members,

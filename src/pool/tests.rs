@@ -1,7 +1,7 @@
 use super::*;
 use prometheus::core::Collector;
 
-use crate::admission::{Class, Share};
+use crate::admission::{Class, Demand, Fairness, Share};
 use crate::config::{BackendConfig, DiscoveryConfig, Target};
 use crate::discovery::Entries;
 use http::HeaderValue;
@@ -58,6 +58,7 @@ fn pool_resolved(model: &ModelConfig, resolved: Entries) -> ModelPool {
         None,
         None,
         owners,
+        Fairness::Requests,
     )
     .0
 }
@@ -131,10 +132,11 @@ fn a_new_set_keeps_the_state_of_those_that_stay_and_starts_new_ones_empty() {
     let p = pool_of(&model("pool-keeps", 2));
     let before = p.members();
     let (a, b, c) = (addr(0), addr(1), addr(2));
-    let permit = before
-        .admission(&a)
-        .unwrap()
-        .try_enter(Class::Agent, &Share::new("t", 1));
+    let permit = before.admission(&a).unwrap().try_enter(
+        Class::Agent,
+        &Share::new("t", 1),
+        Demand::default(),
+    );
     assert!(before.exclusions().exclude(b, Instant::now()));
     p.rebuild(&set(&[a, b, c]));
     let after = p.members();
@@ -170,7 +172,7 @@ fn a_removed_backend_is_retired_until_idle_then_its_series_go() {
     let ticket = routed_in
         .admission(&b)
         .unwrap()
-        .try_enter(Class::Agent, &Share::new("t", 1))
+        .try_enter(Class::Agent, &Share::new("t", 1), Demand::default())
         .unwrap();
     drop(routed_in);
     p.rebuild(&set(&[a]));
@@ -190,7 +192,7 @@ fn a_backend_back_while_busy_takes_its_admission_back() {
     let p = pool_of(&model("pool-returns", 2));
     let b = addr(1);
     let first = p.members().admission(&b).unwrap().clone();
-    let permit = first.try_enter(Class::Agent, &Share::new("t", 1));
+    let permit = first.try_enter(Class::Agent, &Share::new("t", 1), Demand::default());
     p.rebuild(&set(&[addr(0)]));
     p.rebuild(&set(&[addr(0), b]));
     assert!(Arc::ptr_eq(&first, p.members().admission(&b).unwrap()));

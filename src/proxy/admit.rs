@@ -11,7 +11,7 @@ use pingora::proxy::Session;
 
 use super::respond::{until_client_leaves, Stop};
 use super::{stored, Attempt, Gateway};
-use crate::admission::{AdmitError, Class, Share};
+use crate::admission::{AdmitError, Class, Demand, Share};
 use crate::api::Api;
 use crate::config::Overflow;
 use crate::errors::ApiError;
@@ -32,13 +32,15 @@ pub(super) async fn warmup_delay(session: &mut Session, delay: Duration) -> Resu
 
 impl Gateway {
     /// Route the request and wait for a slot: on its first candidate, or
-    /// with `overflow: spill` on the first that has room.
+    /// with `overflow: spill` on the first that has room. `demand`: what it
+    /// asks of a backend holding none of its prompt.
     pub(super) async fn admit(
         &self,
         session: &mut Session,
         pool: &Arc<ModelPool>,
         input: &Routable,
         tenant: &Share,
+        demand: Demand,
     ) -> Result<Attempt, Stop> {
         let class = if input.warmup() {
             Class::Warmup
@@ -76,8 +78,10 @@ impl Gateway {
             Overflow::Reject => 1,
         };
         let entered = plan.candidates().take(tries).find_map(|c| {
-            let ticket = members.admission(&c.addr)?.try_enter(class, tenant).ok()?;
-            Some((c, ticket))
+            let cached = plan.expected_tokens(c.addr).unwrap_or(0);
+            let admission = members.admission(&c.addr)?;
+            let ticket = admission.try_enter(class, tenant, demand.holding(cached));
+            Some((c, ticket.ok()?))
         });
         let Some((candidate, ticket)) = entered else {
             let first = plan.first().addr;

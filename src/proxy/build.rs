@@ -161,6 +161,7 @@ fn pools(
             config.health_check.as_ref(),
             config.upstream_ca_file.as_deref(),
             owners.clone(),
+            config.tenants.fairness,
         );
         services.extend(health.map(|h| (format!("health check {}", m.name), h)));
         pools.insert(m.name.clone(), Arc::new(pool));

@@ -9,7 +9,7 @@ use bytes::Bytes;
 
 use super::tenant;
 use crate::accounting::{Tracker, Usage};
-use crate::admission::Permit;
+use crate::admission::{Demand, Permit, Reported};
 use crate::errors::ApiError;
 use crate::pool::{Members, ModelPool};
 use crate::routing::{Candidate, Routable};
@@ -61,6 +61,8 @@ pub(super) struct Routed {
     pub(super) tracker: Option<Tracker>,
     /// Its tenant's place in flight, until the response ends.
     pub(super) held: tenant::Held,
+    /// What it asks of a backend that holds none of its prompt.
+    pub(super) demand: Demand,
     /// The response's id was handed to routing (Responses API).
     pub(super) owner_noted: bool,
     pub(super) attempt: Attempt,
@@ -102,12 +104,28 @@ impl Routed {
         }
     }
 
-    /// The backend is done with this request: free its slot and its
-    /// tenant's place in flight, charging the tokens it used. Later calls
-    /// do nothing.
+    /// The backend is done with this request: free its slot, settling its
+    /// fair share's charge by what the backend reported, and its tenant's
+    /// place in flight, charging the tokens it used. Later calls do
+    /// nothing.
     pub(super) fn end(&mut self) {
-        self.attempt.permit = None;
-        self.held.end(self.usage());
+        let usage = self.usage();
+        if let Some(permit) = self.attempt.permit.take() {
+            let reported = Reported {
+                prefill: usage
+                    .prompt_tokens
+                    .zip(usage.cached_tokens)
+                    .map(|(p, c)| p.saturating_sub(c)),
+                output: usage.completion_tokens,
+            };
+            let service = permit.finish(reported);
+            self.held
+                .tenant()
+                .series()
+                .service()
+                .inc_by(service.round() as u64);
+        }
+        self.held.end(usage);
     }
 
     /// What the backend reported of its tokens, as far as it got.

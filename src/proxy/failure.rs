@@ -53,10 +53,13 @@ impl Gateway {
         let Some(routed) = ctx.routed_mut() else {
             return Ok(());
         };
-        routed.attempt.permit = None;
+        if let Some(permit) = routed.attempt.permit.take() {
+            permit.refund();
+        }
         let pool = routed.pool.clone();
         let share = routed.held.tenant().share().clone();
-        let stop = match self.admit(session, &pool, &routed.input, &share).await {
+        let admitted = self.admit(session, &pool, &routed.input, &share, routed.demand);
+        let stop = match admitted.await {
             Ok(mut attempt) => {
                 attempt.queued += routed.attempt.queued;
                 routed.attempt = attempt;

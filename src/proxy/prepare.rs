@@ -15,6 +15,7 @@ use super::ctx::{Phase, Routed};
 use super::respond::{until_client_leaves, Stop};
 use super::{admit, body_reader, headers, tenant, Gateway, RequestCtx};
 use crate::accounting::Tracker;
+use crate::admission::Demand;
 use crate::api::{Api, BodyFormat};
 use crate::body::{self, Prompt};
 use crate::catalog::{Failed, Loaded, FAILED_LOAD_KEPT};
@@ -49,6 +50,7 @@ struct Prepared {
     body: Bytes,
     tracker: Option<Tracker>,
     held: tenant::Held,
+    demand: Demand,
 }
 
 impl Gateway {
@@ -113,6 +115,10 @@ impl Gateway {
             input = input.with_only(only);
         }
         let input = input.with_stored(continues).with_chain(chain);
+        let demand = Demand {
+            prefill: chain::prompt_tokens(api, &facts.prompt),
+            max_output: facts.max_output,
+        };
         let held = self.serve(ctx, &pool, tenant)?;
         // A stream whose client did not ask for usage: ask for it, and hide
         // the extra chunk from the client.
@@ -140,6 +146,7 @@ impl Gateway {
             body,
             tracker,
             held,
+            demand,
         };
         self.enter(session, ctx, request, tenant).await
     }
@@ -245,6 +252,7 @@ impl Gateway {
             body,
             tracker: None,
             held,
+            demand: Demand::default(),
         };
         self.enter(session, ctx, request, tenant).await
     }
@@ -263,14 +271,16 @@ impl Gateway {
             body,
             tracker,
             held,
+            demand,
         } = request;
-        let attempt = self.admit(session, &pool, &input, tenant.share()).await?;
+        let attempt = (self.admit(session, &pool, &input, tenant.share(), demand)).await?;
         ctx.phase = Phase::Routed(Box::new(Routed {
             pool,
             input,
             body,
             tracker,
             held,
+            demand,
             owner_noted: false,
             attempt,
         }));

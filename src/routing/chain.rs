@@ -79,6 +79,20 @@ fn text(v: Option<&RawValue>) -> Option<&str> {
     v.map(RawValue::get)
 }
 
+/// The prompt tokens of a prompt's fields, at four bytes a token: what
+/// admission expects the backend to prefill before it knows better.
+pub fn prompt_tokens(api: Api, p: &Prompt) -> u64 {
+    let fields = match api.describe().conversation {
+        Some(Conversation::Messages { system, messages }) => {
+            [p.tools, system.and_then(|s| p.field(s)), p.field(messages)]
+        }
+        Some(Conversation::Text) => [p.prompt, None, None],
+        None => [None; 3],
+    };
+    let bytes: usize = fields.iter().flatten().map(|f| f.get().len()).sum();
+    (bytes / 4) as u64
+}
+
 /// A JSON array's first element and the text after it (`, ... ]`), as
 /// sent; reads the first element alone.
 fn split_first(array: &str) -> Option<(&str, &str)> {

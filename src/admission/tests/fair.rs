@@ -16,7 +16,13 @@ fn queued(t: Ticket) -> Place {
 type Waiting = Vec<(&'static str, Place)>;
 
 fn join(a: &Arc<Admission>, waiting: &mut Waiting, tenant: &Share, name: &'static str) {
-    waiting.push((name, queued(a.try_enter(Class::Agent, tenant).unwrap())));
+    waiting.push((
+        name,
+        queued(
+            a.try_enter(Class::Agent, tenant, Demand::default())
+                .unwrap(),
+        ),
+    ));
 }
 
 /// The waiter a slot was just handed to, out of the line.
@@ -51,7 +57,7 @@ fn displaced(place: &mut Place) -> bool {
 fn weights_3_to_1_both_waiting_are_served_30_to_10_interleaved() {
     let a = admission(1, 100);
     let (ta, tb) = (Share::new("A", 3), Share::new("B", 1));
-    let held = ready(a.try_enter(Class::Agent, &tb).unwrap());
+    let held = ready(a.try_enter(Class::Agent, &tb, Demand::default()).unwrap());
     let mut waiting = Vec::new();
     for _ in 0..40 {
         join(&a, &mut waiting, &ta, "A");
@@ -66,8 +72,14 @@ fn weights_3_to_1_both_waiting_are_served_30_to_10_interleaved() {
 fn a_tenant_alone_gets_every_slot_whatever_its_weight() {
     let a = admission(2, 10);
     let (light, heavy) = (Share::new("L", 1), Share::new("H", 1000));
-    let held = ready(a.try_enter(Class::Agent, &light).unwrap());
-    let _other = ready(a.try_enter(Class::Agent, &light).unwrap());
+    let held = ready(
+        a.try_enter(Class::Agent, &light, Demand::default())
+            .unwrap(),
+    );
+    let _other = ready(
+        a.try_enter(Class::Agent, &light, Demand::default())
+            .unwrap(),
+    );
     let mut waiting = Vec::new();
     for _ in 0..3 {
         join(&a, &mut waiting, &light, "L");
@@ -85,7 +97,7 @@ fn a_tenant_alone_gets_every_slot_whatever_its_weight() {
 fn a_tenant_back_from_idle_gets_its_share_not_a_burst() {
     let a = admission(1, 100);
     let (ta, tb) = (Share::new("A", 1), Share::new("B", 1));
-    let held = ready(a.try_enter(Class::Agent, &ta).unwrap());
+    let held = ready(a.try_enter(Class::Agent, &ta, Demand::default()).unwrap());
     let mut waiting = Vec::new();
     for _ in 0..20 {
         join(&a, &mut waiting, &ta, "A");
@@ -103,7 +115,7 @@ fn a_tenant_back_from_idle_gets_its_share_not_a_burst() {
 fn a_tenant_that_rejoins_at_once_still_waits_its_turn() {
     let a = admission(1, 100);
     let (ta, tb) = (Share::new("A", 1), Share::new("B", 1));
-    let mut held = ready(a.try_enter(Class::Agent, &ta).unwrap());
+    let mut held = ready(a.try_enter(Class::Agent, &ta, Demand::default()).unwrap());
     let mut waiting = Vec::new();
     for _ in 0..5 {
         join(&a, &mut waiting, &tb, "B");
@@ -126,12 +138,12 @@ fn a_tenant_that_rejoins_at_once_still_waits_its_turn() {
 async fn a_tenant_under_its_share_takes_the_newest_place_of_the_one_over_it() {
     let a = admission(1, 6);
     let (ta, tb) = (Share::new("A", 1), Share::new("B", 2));
-    let held = ready(a.try_enter(Class::Agent, &ta).unwrap());
+    let held = ready(a.try_enter(Class::Agent, &ta, Demand::default()).unwrap());
     let mut a_places: Vec<Place> = (0..6)
-        .map(|_| queued(a.try_enter(Class::Agent, &ta).unwrap()))
+        .map(|_| queued(a.try_enter(Class::Agent, &ta, Demand::default()).unwrap()))
         .collect();
     assert_eq!(
-        a.try_enter(Class::Agent, &ta).err(),
+        a.try_enter(Class::Agent, &ta, Demand::default()).err(),
         Some(AdmitError::QueueFull),
         "alone, A holds its share"
     );
@@ -140,7 +152,9 @@ async fn a_tenant_under_its_share_takes_the_newest_place_of_the_one_over_it() {
     let started = tokio::time::Instant::now();
     let mut b_places = Vec::new();
     for _ in 0..4 {
-        b_places.push(queued(a.try_enter(Class::Agent, &tb).unwrap()));
+        b_places.push(queued(
+            a.try_enter(Class::Agent, &tb, Demand::default()).unwrap(),
+        ));
         let newest = Ticket::Queued(a_places.pop().unwrap());
         assert_eq!(newest.wait(LONG).await.err(), Some(AdmitError::QueueFull));
         assert_eq!(a.counts(), (1, 6));
@@ -148,7 +162,7 @@ async fn a_tenant_under_its_share_takes_the_newest_place_of_the_one_over_it() {
     assert_eq!(started.elapsed(), Duration::ZERO);
     for t in [&tb, &ta] {
         assert_eq!(
-            a.try_enter(Class::Agent, t).err(),
+            a.try_enter(Class::Agent, t, Demand::default()).err(),
             Some(AdmitError::QueueFull),
             "each holds its share"
         );
@@ -164,24 +178,24 @@ async fn a_tenant_under_its_share_takes_the_newest_place_of_the_one_over_it() {
 fn between_tenants_as_far_over_their_share_the_newest_request_loses_its_place() {
     let a = admission(1, 4);
     let [ta, tb, tc] = ["A", "B", "C"].map(|n| Share::new(n, 1));
-    let _held = ready(a.try_enter(Class::Agent, &ta).unwrap());
+    let _held = ready(a.try_enter(Class::Agent, &ta, Demand::default()).unwrap());
     let mut places: Vec<Place> = [&ta, &ta, &tc, &tc]
-        .map(|t| queued(a.try_enter(Class::Agent, t).unwrap()))
+        .map(|t| queued(a.try_enter(Class::Agent, t, Demand::default()).unwrap()))
         .into();
     // A and C hold 2 places each, 2/3 over a share of 4/3: C's came last.
-    let _b1 = queued(a.try_enter(Class::Agent, &tb).unwrap());
+    let _b1 = queued(a.try_enter(Class::Agent, &tb, Demand::default()).unwrap());
     assert_eq!(
         places.iter_mut().map(displaced).collect::<Vec<_>>(),
         [false, false, false, true]
     );
     // Now A alone is over its share.
-    let _b2 = queued(a.try_enter(Class::Agent, &tb).unwrap());
+    let _b2 = queued(a.try_enter(Class::Agent, &tb, Demand::default()).unwrap());
     assert_eq!(
         places.iter_mut().map(displaced).collect::<Vec<_>>(),
         [false, true, false, true]
     );
     assert_eq!(
-        a.try_enter(Class::Agent, &tb).err(),
+        a.try_enter(Class::Agent, &tb, Demand::default()).err(),
         Some(AdmitError::QueueFull)
     );
 }
@@ -190,17 +204,17 @@ fn between_tenants_as_far_over_their_share_the_newest_request_loses_its_place() 
 fn a_warmup_never_takes_an_agents_place_an_agent_takes_a_warmups_first() {
     let a = admission(1, 3);
     let [ta, tb, tc] = ["A", "B", "C"].map(|n| Share::new(n, 1));
-    let held = ready(a.try_enter(Class::Agent, &ta).unwrap());
-    let mut a1 = queued(a.try_enter(Class::Agent, &ta).unwrap());
-    let mut a2 = queued(a.try_enter(Class::Agent, &ta).unwrap());
-    let mut bw = queued(a.try_enter(Class::Warmup, &tb).unwrap());
+    let held = ready(a.try_enter(Class::Agent, &ta, Demand::default()).unwrap());
+    let mut a1 = queued(a.try_enter(Class::Agent, &ta, Demand::default()).unwrap());
+    let mut a2 = queued(a.try_enter(Class::Agent, &ta, Demand::default()).unwrap());
+    let mut bw = queued(a.try_enter(Class::Warmup, &tb, Demand::default()).unwrap());
     // C's share is 1: A is over its share, but only with agents.
     assert_eq!(
-        a.try_enter(Class::Warmup, &tc).err(),
+        a.try_enter(Class::Warmup, &tc, Demand::default()).err(),
         Some(AdmitError::QueueFull)
     );
     // An agent takes the warmup's place, though B is within its share.
-    let c1 = queued(a.try_enter(Class::Agent, &tc).unwrap());
+    let c1 = queued(a.try_enter(Class::Agent, &tc, Demand::default()).unwrap());
     assert!(displaced(&mut bw));
     assert!(!displaced(&mut a1) && !displaced(&mut a2));
     let mut waiting = vec![("A", a1), ("A", a2), ("C", c1)];
@@ -212,11 +226,11 @@ fn a_warmup_never_takes_an_agents_place_an_agent_takes_a_warmups_first() {
 async fn displaced_timed_out_and_dropped_waiters_leave_nothing_behind() {
     let a = admission(1, 3);
     let (ta, tb) = (Share::new("A", 1), Share::new("B", 1));
-    let held = ready(a.try_enter(Class::Agent, &ta).unwrap());
-    let [a1, a2, a3] = [(); 3].map(|()| a.try_enter(Class::Agent, &ta).unwrap());
-    let b1 = a.try_enter(Class::Agent, &tb).unwrap();
+    let held = ready(a.try_enter(Class::Agent, &ta, Demand::default()).unwrap());
+    let [a1, a2, a3] = [(); 3].map(|()| a.try_enter(Class::Agent, &ta, Demand::default()).unwrap());
+    let b1 = a.try_enter(Class::Agent, &tb, Demand::default()).unwrap();
     drop(a3); // displaced, never waited on
-    let b2 = a.try_enter(Class::Agent, &tb).unwrap();
+    let b2 = a.try_enter(Class::Agent, &tb, Demand::default()).unwrap();
     assert_eq!(a2.wait(LONG).await.err(), Some(AdmitError::QueueFull));
     assert_eq!(a.counts(), (1, 3));
     let started = tokio::time::Instant::now();
@@ -245,8 +259,8 @@ fn load_feedback_grants_in_the_fair_order() {
     };
     let a = with_feedback(2, 10, Some(fleet));
     let (ta, tb) = (Share::new("A", 1), Share::new("B", 1));
-    let held = ready(a.try_enter(Class::Agent, &ta).unwrap());
-    let _other = ready(a.try_enter(Class::Agent, &ta).unwrap());
+    let held = ready(a.try_enter(Class::Agent, &ta, Demand::default()).unwrap());
+    let _other = ready(a.try_enter(Class::Agent, &ta, Demand::default()).unwrap());
     let mut waiting = Vec::new();
     join(&a, &mut waiting, &ta, "A");
     join(&a, &mut waiting, &ta, "A");

@@ -124,6 +124,7 @@ fn ranges() -> BTreeMap<&'static str, String> {
         tenants::REQUESTS_PER_MINUTE,
         tenants::TOKENS_PER_MINUTE,
         tenants::MAX_TRACKED,
+        tenants::OUTPUT_TOKEN_COST,
         tracing::MAX_QUEUED_SPANS,
         tracing::EXPORT_TIMEOUT_MS,
         address::WEIGHT,
