@@ -323,3 +323,69 @@ async fn messages_and_responses_requests_match_the_blocks_their_chat_cached() {
         4.0
     );
 }
+
+/// `name`'s conversation with a tool: not rendered (its tools), so routed
+/// by the estimate of its text.
+fn with_tools(name: &str) -> Value {
+    let mut body = body(name);
+    let tool = json!({"type": "function", "function": {"name": "read", "parameters": {}}});
+    body["tools"] = json!([tool]);
+    body
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_prompt_not_rendered_keeps_its_estimate_through_a_reset_published_after_it() {
+    let f = fleet(&["127.0.0.6", "127.0.0.7"], "65536");
+    let gw = Gateway::start(&config(&f)).await;
+    subscribed(&gw, &f.sims).await;
+    // Both caches reset: vLLM publishes that with its next step, in the
+    // message of the request that runs next, after the gateway routed it.
+    for sim in &f.sims {
+        let reset = format!("http://{}/reset_prefix_cache", sim.addr);
+        let resp = client().post(reset).send().await.unwrap();
+        assert!(resp.status().is_success());
+    }
+    let (first, _, _, _) = post(&gw, "/v1/chat/completions", &with_tools("delta")).await;
+    let sim = f.sims.iter().find(|s| s.addr.to_string() == first).unwrap();
+    applied(&gw, sim, 1.0).await;
+    let (again, _, expected, answer) =
+        post(&gw, "/v1/chat/completions", &with_tools("delta")).await;
+    let cached = answer["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64();
+    assert_eq!(
+        again, first,
+        "the second went elsewhere (expected {expected})"
+    );
+    assert!(expected > 500, "expected {expected}, cached {cached:?}");
+    assert!(cached > Some(500), "{answer}");
+    let tools = [("model", "m"), ("result", "tools")];
+    assert_eq!(
+        metric(&gw, "poimen_gateway_prompts_rendered_total", &tools).await,
+        2.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_estimate_of_prompts_not_rendered_is_bounded_by_cache_tokens() {
+    let f = fleet(&["127.0.0.8"], "65536");
+    // Room for about two of these conversations in the estimate.
+    let config = config(&f).replace("cache_tokens: 100000", "cache_tokens: 2048");
+    let gw = Gateway::start(&config).await;
+    subscribed(&gw, &f.sims).await;
+    // System prompts that begin as alpha's and go on otherwise: each shares
+    // alpha's head (its first 7 blocks of 256 bytes), and is no later turn
+    // of a prompt routed before.
+    let other = |then: &str| {
+        let mut body = with_tools("alpha");
+        let system = format!("{}{}", "alpha ".repeat(300), then.repeat(100));
+        body["messages"][0]["content"] = json!(system);
+        body
+    };
+    post(&gw, "/v1/chat/completions", &with_tools("alpha")).await;
+    let (_, _, expected, _) = post(&gw, "/v1/chat/completions", &other("why ")).await;
+    assert!(expected > 400, "alpha's head expected {expected}");
+    for name in ["beta", "gamma", "epsilon", "zeta"] {
+        post(&gw, "/v1/chat/completions", &with_tools(name)).await;
+    }
+    let (_, _, expected, _) = post(&gw, "/v1/chat/completions", &other("how ")).await;
+    assert_eq!(expected, 0, "alpha's estimate outlived cache_tokens");
+}

@@ -285,17 +285,8 @@ fn validate_model(
                 "needs `routing.prefix_index` (the index the events keep)",
             ));
         };
-        let exact = kv_events(&at, events, own_ports)?;
+        let exact = kv_events(&at, events, own_ports, size)?;
         ports_apart(&list_path, &backends, &exact.endpoints)?;
-        // The index's blocks are the backends' own; the events say what
-        // each holds, so only the index's own bound limits a backend.
-        let blocks = |b: usize| {
-            (b as u64 * BLOCK_TOKENS).div_ceil(exact.endpoints.block_size as u64) as usize
-        };
-        policy.prefix_index = Some(IndexSize {
-            backend_blocks: blocks(size.max_blocks),
-            max_blocks: blocks(size.max_blocks),
-        });
         policy.exact = Some(exact);
     }
     Ok(ModelConfig {
@@ -325,11 +316,24 @@ pub const EVENT_PORT: Bound<u64> = Bound::new(
     65535,
 );
 
-fn kv_events(at: &str, f: KvEventsFile, own: Vec<(SocketAddr, Ports)>) -> Result<Exact, Invalid> {
+/// The events of a model whose text index is `size`.
+fn kv_events(
+    at: &str,
+    f: KvEventsFile,
+    own: Vec<(SocketAddr, Ports)>,
+    size: IndexSize,
+) -> Result<Exact, Invalid> {
     let block_size = BLOCK_SIZE.check(&format!("{at}.block_size"), f.block_size)? as usize;
     let renderer = Renderer::load(Path::new(&f.tokenizer))
         .map_err(|e| invalid(format!("{at}.tokenizer"), &f.tokenizer, &e))?;
+    // The index's blocks are the backends' own; the events say what each
+    // holds, so only the index's own bound limits a backend.
+    let blocks = (size.max_blocks as u64 * BLOCK_TOKENS).div_ceil(block_size as u64) as usize;
     Ok(Exact {
+        index: IndexSize {
+            backend_blocks: blocks,
+            max_blocks: blocks,
+        },
         endpoints: Endpoints {
             ports: event_ports(at, f.port, f.replay_port)?,
             own,

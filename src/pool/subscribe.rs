@@ -28,7 +28,7 @@ impl Subscribe {
             .filter_map(|pool| {
                 let policy = pool.routing.policy();
                 let (exact, index) = (policy.exact.as_ref()?, pool.routing.index()?);
-                let max = policy.prefix_index?.max_blocks;
+                let max = exact.index.max_blocks;
                 let subs = Subscriptions::new(
                     pool.name.as_str().into(),
                     exact.endpoints.clone(),

@@ -213,8 +213,9 @@ pub struct Candidate {
 /// Per-model routing settings.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Policy {
-    /// Route by cost over a prefix index (`cost.rs`, `index.rs`); `None`:
-    /// no index (rendezvous or round-robin alone).
+    /// Route by cost over a prefix index (`cost.rs`, `index.rs`) of this
+    /// size (in text blocks: the prompts' estimate); `None`: no index
+    /// (rendezvous or round-robin alone).
     pub prefix_index: Option<IndexSize>,
     /// How requests without a key are routed.
     pub keyless: Keyless,
@@ -230,6 +231,10 @@ pub struct Policy {
 pub struct Exact {
     pub endpoints: crate::kv_events::Endpoints,
     pub renderer: std::sync::Arc<crate::render::Renderer>,
+    /// The bounds of the index the events keep, in the backends' blocks
+    /// (`Policy::prefix_index` bounds the estimate of the prompts not
+    /// rendered, as without events).
+    pub index: IndexSize,
 }
 
 /// How much the prefix index keeps.

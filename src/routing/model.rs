@@ -33,8 +33,14 @@ pub const UNCONFIRMED: Duration = Duration::from_secs(10);
 pub struct ModelRouting {
     model: Arc<str>,
     policy: Policy,
-    /// What each backend is expected to hold (`routing.prefix_index`).
+    /// What each backend is expected to hold (`routing.prefix_index`): by
+    /// the backends' KV-cache events when the model has them.
     index: Option<Arc<PrefixIndex>>,
+    /// With KV-cache events, the estimate of the prompts that could not be
+    /// rendered, by their text, as without events: bounded by
+    /// `cache_tokens` a backend, and apart from what the events say (a
+    /// reset they publish late must not wipe a prompt routed after it).
+    estimate: Option<PrefixIndex>,
     /// The rates the cost rule weighs by, learnt from responses.
     rates: Rates,
     owners: Arc<Owners>,
@@ -199,9 +205,12 @@ impl ModelRouting {
     pub fn new(model: Arc<str>, policy: Policy, owners: Arc<Owners>) -> Self {
         ModelRouting {
             model,
-            index: policy
-                .prefix_index
+            index: (policy.exact.as_ref().map(|e| e.index))
+                .or(policy.prefix_index)
                 .map(|size| Arc::new(PrefixIndex::new(size.backend_blocks, size.max_blocks))),
+            estimate: (policy.prefix_index)
+                .filter(|_| policy.exact.is_some())
+                .map(|size| PrefixIndex::new(size.backend_blocks, size.max_blocks)),
             rates: Rates::default(),
             owners,
             policy,
@@ -245,8 +254,17 @@ impl ModelRouting {
 
     /// `addr` failed or left: whatever it held is unknown from now on.
     pub fn forget(&self, addr: &SocketAddr) {
-        if let Some(index) = &self.index {
+        for index in self.index.as_deref().into_iter().chain(&self.estimate) {
             index.forget(addr);
+        }
+    }
+
+    /// The index a request's chain is matched against: the events' for a
+    /// prompt in tokens, else the estimate's (if the model has events).
+    fn index_for(&self, chain: &Chain) -> Option<&PrefixIndex> {
+        match (&self.estimate, chain.exact()) {
+            (Some(estimate), false) => Some(estimate),
+            _ => self.index.as_deref(),
         }
     }
 
@@ -297,13 +315,22 @@ impl ModelRouting {
                 route: Route::Owner,
             };
             let ranking = Ranking::only(only, position);
-            return Ok(self.plan(ranking, router, status, (Holders::new(), 0), input));
+            return Ok(Plan {
+                ranking,
+                router,
+                status,
+                held: Holders::new(),
+                block_tokens: 0,
+                index: self.index_for(&input.chain),
+                input,
+            });
         }
         let block_tokens = match input.chain.exact() {
             true => input.chain.block_tokens,
             false => self.rates.text_block_tokens(),
         };
-        let mut held = match &self.index {
+        let index = self.index_for(&input.chain);
+        let mut held = match index {
             Some(index) if !input.chain.links.is_empty() => index.lookup(&input.chain.links),
             _ => Holders::new(),
         };
@@ -343,26 +370,15 @@ impl ModelRouting {
         let ranking = router
             .rank_at(request, facts)
             .ok_or(Unroutable::NoBackend)?;
-        Ok(self.plan(ranking, router, status, (held, block_tokens), input))
-    }
-
-    fn plan<'a, S>(
-        &'a self,
-        ranking: Ranking,
-        router: &'a RoutingTable,
-        status: S,
-        (held, block_tokens): (Holders, u64),
-        input: &'a Routable,
-    ) -> Plan<'a, S> {
-        Plan {
+        Ok(Plan {
             ranking,
             router,
             status,
             held,
             block_tokens,
-            index: self.index.as_deref(),
+            index,
             input,
-        }
+        })
     }
 
     /// The backend of `router` that stored response `id`, and its position.
