@@ -93,13 +93,39 @@ pub fn prompt_tokens(api: Api, p: &Prompt) -> u64 {
     (bytes / 4) as u64
 }
 
-/// A JSON array's first element and the text after it (`, ... ]`), as
-/// sent; reads the first element alone.
+/// A JSON array's first element, an object, and the text after it
+/// (`, ... ]`), as sent. The body was checked as JSON when it was read, so
+/// the object's end is found by counting its braces, each string skipped
+/// with memchr: a JSON parser would read its every byte again (the system
+/// prompt, most of a first request).
 fn split_first(array: &str) -> Option<(&str, &str)> {
-    let rest = array.trim_start().strip_prefix('[')?;
-    let mut values = serde_json::Deserializer::from_str(rest).into_iter::<&RawValue>();
-    let first = values.next()?.ok()?;
-    Some((first.get(), &rest[values.byte_offset()..]))
+    let inner = array.trim_start().strip_prefix('[')?.trim_start();
+    let start = array.len() - inner.len();
+    let bytes = array.as_bytes();
+    if bytes.get(start) != Some(&b'{') {
+        return None;
+    }
+    let (mut depth, mut i) = (0usize, start);
+    loop {
+        match *bytes.get(i)? {
+            b'"' => loop {
+                i += 1 + memchr::memchr2(b'"', b'\\', bytes.get(i + 1..)?)?;
+                match bytes[i] {
+                    b'\\' => i += 1, // the escaped byte is skipped
+                    _ => break,
+                }
+            },
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' => {
+                depth = depth.checked_sub(1)?;
+                if depth == 0 {
+                    return Some((&array[start..=i], &array[i + 1..]));
+                }
+            }
+            _ => {}
+        }
+        i += 1;
+    }
 }
 
 /// The chain of a prompt's token ids, `block` of them a block (vLLM's
@@ -297,6 +323,44 @@ mod tests {
         };
         let (one, three) = (turn(1), turn(3));
         assert_eq!(one[..one.len() - 1], three[..one.len() - 1]);
+    }
+
+    #[test]
+    fn the_first_message_is_found_by_its_braces() {
+        let first = r#"{"role": "system", "content": "a \"quoted\" {brace} [and] \\"}"#;
+        let array = format!(" [ {first} , {{\"role\":\"user\"}}]");
+        assert_eq!(split_first(&array), Some((first, r#" , {"role":"user"}]"#)));
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(first).unwrap()["content"],
+            "a \"quoted\" {brace} [and] \\"
+        );
+        for not in [
+            "[]",
+            "[\"text\"]",
+            "{}",
+            "[{\"unclosed\": 1",
+            "[{\"s\": \"\\",
+            "",
+        ] {
+            assert_eq!(split_first(not), None, "{not}");
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_first_message_is_the_one_a_json_parser_reads(
+            texts in proptest::collection::vec("[a-z\"\\\\{}\\[\\], \u{e9}\u{1F600}\n]{0,40}", 1..4),
+        ) {
+            let messages: Vec<_> = texts
+                .iter()
+                .map(|t| json!({"role": "user", "content": t, "nested": [{"x": t}]}))
+                .collect();
+            let array = serde_json::to_string_pretty(&messages).unwrap();
+            let (first, rest) = split_first(&array).unwrap();
+            let parsed: Vec<&RawValue> = serde_json::from_str(&array).unwrap();
+            proptest::prop_assert_eq!(first, parsed[0].get());
+            proptest::prop_assert_eq!(rest.trim_start().chars().next(), Some(if texts.len() > 1 { ',' } else { ']' }));
+        }
     }
 
     #[test]
