@@ -74,7 +74,8 @@ restarted before each: cold caches; gateway max_num_seqs 4 (= the sims'
   system          no header, routing.keyless: system (the key covers the
                   messages before the first user one: the system message)
   cost            the same keys, routing.prefix_index (cache_tokens = the
-                  sims' --kv-cache-tokens): by cost over the prefix index
+                  sims' --kv-cache-tokens, times --index-cache-ratio): by
+                  cost over the prefix index
   cost-no-key     no header, round-robin order, routing.prefix_index
   cost-system     no header, routing.keyless: system, routing.prefix_index
 Peers (not run by default; PEERS): the LLM router from bench/.venv (bash
@@ -481,7 +482,7 @@ def gateway_config(wd: Path, name: str, mode: str, sim_ports: list[int], a, port
     if m["routing"]:
         extra["routing"] = dict(m["routing"])
         if "prefix_index" in extra["routing"]:
-            extra["routing"]["prefix_index"] = {"cache_tokens": kv_tokens}
+            extra["routing"]["prefix_index"] = {"cache_tokens": int(kv_tokens * a.index_cache_ratio)}
     return C.gateway_yaml(wd, name, port, metrics,
                           [{"name": MODEL, "addresses": [f"127.0.0.1:{p}" for p in sim_ports]}],
                           threads=2, scheduler=sched, extra=extra)
@@ -803,6 +804,9 @@ def main() -> int:
                     help="branches start with their first turn, no warmup (to see what warmups cost a mode)")
     ap.add_argument("--kv-tokens", type=int, default=0,
                     help="vllm-sim --kv-cache-tokens; 0 = a quarter of the uniform workload's distinct tokens")
+    ap.add_argument("--index-cache-ratio", type=float, default=1.0,
+                    help="the gateway's prefix_index.cache_tokens as a share of the sims' cache: under 1 the index "
+                         "forgets a conversation before the sims do (as when other traffic shares them)")
     ap.add_argument("--reps", type=int, default=3, help="repetitions of every (variant, mode), interleaved; medians")
     ap.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
                     help=f"comma-separated, default %(default)s; known: {','.join(VARIANTS)}")

@@ -14,7 +14,8 @@
 //! service    = seconds a request holds a slot
 //! held(b)    = tokens b holds, if at least MIN_SHARE of the prompt; else 0
 //! home       = the usable backend that served the conversation's previous
-//!              turn (`index.rs`, its tip), if any; else
+//!              turn (`index.rs`, its tip; a prompt of at least MIN_SHARE
+//!              of this one), if any; else
 //!              the usable backend of the largest held(b) (ties: the order's first)
 //! no home (no previous turn, held(home) = 0: a new conversation):
 //!              the cheapest backend (ties: the order's first)

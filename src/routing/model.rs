@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use http::HeaderValue;
 use smallvec::SmallVec;
 
-use super::cost::Rates;
+use super::cost::{Rates, MIN_SHARE};
 use super::index::{Held, Holders, PrefixIndex};
 use super::owners::{Owner, Owners};
 use super::prefix::DerivedKey;
@@ -334,6 +334,13 @@ impl ModelRouting {
             Some(index) if !input.chain.links.is_empty() => index.lookup(&input.chain.links),
             _ => Holders::new(),
         };
+        // A previous turn is most of the next one's prompt; a shorter
+        // prompt it continues (one every conversation shares, a fixed system
+        // prompt alone) is no previous turn, as it is no home.
+        let links = input.chain.links.len() as f64;
+        for h in &mut held {
+            h.recent = h.recent.filter(|d| *d as f64 >= MIN_SHARE * links);
+        }
         // Without events the index's evictions are a guess: the backend that
         // served the previous turn is taken to hold that turn's prompt.
         if !input.chain.exact() {
@@ -497,6 +504,75 @@ mod tests {
         let expected = plan.expected_tokens(chosen.addr);
         plan.admitted(chosen);
         (chosen, expected)
+    }
+
+    /// Admit `input` at `addr`, whatever routing would choose.
+    fn admit_at(routing: &ModelRouting, router: &RoutingTable, input: &Routable, addr: SocketAddr) {
+        let plan = routing
+            .route(router, input, |_| Facts::default(), Instant::now())
+            .unwrap();
+        plan.admitted(Candidate {
+            addr,
+            route: Route::Cache,
+        });
+    }
+
+    /// A chat of `messages` (role, content).
+    fn chat(routing: &ModelRouting, messages: &[(&str, String)]) -> Routable {
+        let messages: Vec<_> = (messages.iter())
+            .map(|(role, content)| serde_json::json!({"role": role, "content": content}))
+            .collect();
+        let body = serde_json::json!({"model": "m", "messages": messages}).to_string();
+        let prompt = crate::body::prompt_of(body.as_bytes());
+        let chain = (routing.policy).chain(Api::ChatCompletions, &prompt, body.as_bytes());
+        let input = routing.input(None, false, Api::ChatCompletions, &prompt);
+        input.with_chain(chain)
+    }
+
+    #[test]
+    fn under_pressure_a_conversation_follows_its_previous_turn_not_a_shared_prompt() {
+        // Room for about one long conversation a backend.
+        let policy = Policy {
+            prefix_index: Some(super::super::IndexSize {
+                backend_blocks: 200,
+                max_blocks: 10_000,
+            }),
+            ..Policy::default()
+        };
+        let router = RoutingTable::new(&policy, addrs().into_iter().map(|a| (a, 1)));
+        let owners = Arc::new(Owners::new(16, std::time::Duration::from_secs(60)));
+        let routing = ModelRouting::new("m".into(), policy, owners);
+        let [x, y, _] = addrs()[..] else {
+            unreachable!()
+        };
+        admit_at(&routing, &router, &long_turn(&routing, "a", 1, ""), x);
+        // Two other conversations there since: the index forgot "a".
+        for other in ["b", "c"] {
+            admit_at(&routing, &router, &long_turn(&routing, other, 1, ""), x);
+        }
+        // Its next turn stays, busy as x is (2 running, the others idle),
+        // counted as holding its previous turn.
+        let (next, expected) = admit_loaded(
+            &routing,
+            &router,
+            &long_turn(&routing, "a", 2, ""),
+            Some((x, 2)),
+        );
+        assert_eq!(next.addr, x);
+        assert!(expected > Some(9000), "{expected:?}");
+
+        // A system prompt every conversation shares, sent alone to y: a new
+        // conversation on it has no previous turn there.
+        let system = ("system", "s".repeat(8000));
+        admit_at(
+            &routing,
+            &router,
+            &chat(&routing, std::slice::from_ref(&system)),
+            y,
+        );
+        let first = chat(&routing, &[system, ("user", "u".repeat(20_000))]);
+        let plan = (routing.route(&router, &first, |_| Facts::default(), Instant::now())).unwrap();
+        assert_eq!(plan.held.iter().find(|h| h.recent.is_some()), None);
     }
 
     #[test]
