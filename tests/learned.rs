@@ -319,6 +319,24 @@ fn adapter_dir(names: &[&str]) -> TempDir {
     dir
 }
 
+/// Three sims serving `base-m` with `args` (delays as given), one learned
+/// pool over them loading adapters from `dir`, its lists asked every
+/// `refresh` seconds; once the base model is learned.
+async fn loading_pool(args: &[&str], refresh: &str, dir: &TempDir) -> ([Sim; 3], Gateway) {
+    let sims = [(); 3].map(|()| Sim::start_scaled("base-m", "1", args));
+    let gw = Gateway::start(&format!(
+        "  discovery: {{refresh_secs: {refresh}}}\n  models:\n    \
+         - {{addresses: [\"{}\", \"{}\", \"{}\"], load_adapters_from: \"{}\"}}\n",
+        sims[0].addr,
+        sims[1].addr,
+        sims[2].addr,
+        dir.display()
+    ))
+    .await;
+    eventually("the base model learned", || has(&gw, "base-m")).await;
+    (sims, gw)
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_failed_load_is_shared_and_not_retried_at_once() {
     let dir = adapter_dir(&["lora-oom"]);
@@ -329,21 +347,7 @@ async fn a_failed_load_is_shared_and_not_retried_at_once() {
         "700000",
         "--lora-load-fails",
     ];
-    let sims = [
-        Sim::start_scaled("base-m", "1", &fails),
-        Sim::start_scaled("base-m", "1", &fails),
-        Sim::start_scaled("base-m", "1", &fails),
-    ];
-    let gw = Gateway::start(&format!(
-        "  discovery: {{refresh_secs: 0.2}}\n  models:\n    \
-         - {{addresses: [\"{}\", \"{}\", \"{}\"], load_adapters_from: \"{}\"}}\n",
-        sims[0].addr,
-        sims[1].addr,
-        sims[2].addr,
-        dir.display()
-    ))
-    .await;
-    eventually("the base model learned", || has(&gw, "base-m")).await;
+    let (sims, gw) = loading_pool(&fails, "0.2", &dir).await;
     let gw = std::sync::Arc::new(gw);
     let mut asks = tokio::task::JoinSet::new();
     for _ in 0..6 {
@@ -401,21 +405,7 @@ async fn a_list_in_flight_does_not_erase_a_load_just_made() {
         "--models-delay-us",
         "800000",
     ];
-    let sims = [
-        Sim::start_scaled("base-m", "1", &slow),
-        Sim::start_scaled("base-m", "1", &slow),
-        Sim::start_scaled("base-m", "1", &slow),
-    ];
-    let gw = Gateway::start(&format!(
-        "  discovery: {{refresh_secs: 1}}\n  models:\n    \
-         - {{addresses: [\"{}\", \"{}\", \"{}\"], load_adapters_from: \"{}\"}}\n",
-        sims[0].addr,
-        sims[1].addr,
-        sims[2].addr,
-        dir.display()
-    ))
-    .await;
-    eventually("the base model learned", || has(&gw, "base-m")).await;
+    let (sims, gw) = loading_pool(&slow, "1", &dir).await;
     // The adapters loaded 0.4 s apart: whatever the phase of the rounds,
     // at least one load ends while a list asked before it is in flight.
     let gw = std::sync::Arc::new(gw);

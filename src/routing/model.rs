@@ -448,9 +448,14 @@ mod tests {
     }
 
     fn indexed() -> (ModelRouting, RoutingTable) {
+        indexed_with(1000)
+    }
+
+    /// Routing over an index taking each backend to hold `blocks`.
+    fn indexed_with(blocks: usize) -> (ModelRouting, RoutingTable) {
         let policy = Policy {
             prefix_index: Some(super::super::IndexSize {
-                backend_blocks: 1000,
+                backend_blocks: blocks,
                 max_blocks: 10_000,
             }),
             ..Policy::default()
@@ -532,16 +537,7 @@ mod tests {
     #[test]
     fn under_pressure_a_conversation_follows_its_previous_turn_not_a_shared_prompt() {
         // Room for about one long conversation a backend.
-        let policy = Policy {
-            prefix_index: Some(super::super::IndexSize {
-                backend_blocks: 200,
-                max_blocks: 10_000,
-            }),
-            ..Policy::default()
-        };
-        let router = RoutingTable::new(&policy, addrs().into_iter().map(|a| (a, 1)));
-        let owners = Arc::new(Owners::new(16, std::time::Duration::from_secs(60)));
-        let routing = ModelRouting::new("m".into(), policy, owners);
+        let (routing, router) = indexed_with(200);
         let [x, y, _] = addrs()[..] else {
             unreachable!()
         };
