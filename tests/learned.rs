@@ -186,15 +186,9 @@ async fn an_adapter_in_the_directory_is_loaded_once_where_routing_picks() {
         1,
         "served where it was loaded: {backends:?}"
     );
-    let loads =
-        sims[0].metric("sim_lora_loads_total").await + sims[1].metric("sim_lora_loads_total").await;
+    let loads = summed(&sims, "sim_lora_loads_total").await;
     assert_eq!(loads, 1.0, "loaded once");
-    let loaded = [("result", "loaded")];
-    assert_eq!(
-        gw.metric("poimen_gateway_adapter_loads_total", &loaded)
-            .await,
-        1.0
-    );
+    assert_eq!(gateway_loads(&gw, "loaded").await, 1.0);
     eventually("the loaded adapter listed by its backend", || {
         has(&gw, "hot")
     })
@@ -214,12 +208,7 @@ async fn an_adapter_in_the_directory_is_loaded_once_where_routing_picks() {
     assert_eq!(answer["type"], "error", "{answer}");
     let message = answer["error"]["message"].as_str().unwrap();
     assert!(message.contains("loading adapter `broken`"), "{message}");
-    let failed = [("result", "failed")];
-    assert_eq!(
-        gw.metric("poimen_gateway_adapter_loads_total", &failed)
-            .await,
-        1.0
-    );
+    assert_eq!(gateway_loads(&gw, "failed").await, 1.0);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -309,6 +298,22 @@ async fn an_adapter_on_part_of_the_pool_is_routed_without_a_fallback() {
     assert_eq!(sum, 0.0, "{fallbacks:?} with no failure: {text}");
 }
 
+/// `name`, summed over `sims`' own metrics.
+async fn summed(sims: &[Sim], name: &str) -> f64 {
+    let mut sum = 0.0;
+    for sim in sims {
+        sum += sim.metric(name).await;
+    }
+    sum
+}
+
+/// The adapter loads the gateway made with this `result`.
+async fn gateway_loads(gw: &Gateway, result: &str) -> f64 {
+    let labels = [("result", result)];
+    gw.metric("poimen_gateway_adapter_loads_total", &labels)
+        .await
+}
+
 /// A directory holding adapters `names` (each an `adapter_config.json`).
 fn adapter_dir(names: &[&str]) -> TempDir {
     let dir = crate::support::gateway::temp_dir();
@@ -380,17 +385,9 @@ async fn a_failed_load_is_shared_and_not_retried_at_once() {
     }
     // One more at once: the failure stands, no backend is asked again.
     assert_eq!(chat(&gw, "lora-oom").await.0, 502);
-    let mut failures = 0.0;
-    for sim in &sims {
-        failures += sim.metric("sim_lora_load_failures_total").await;
-    }
+    let failures = summed(&sims, "sim_lora_load_failures_total").await;
     assert_eq!(failures, 1.0, "one load for seven requests");
-    let failed = [("result", "failed")];
-    assert_eq!(
-        gw.metric("poimen_gateway_adapter_loads_total", &failed)
-            .await,
-        1.0
-    );
+    assert_eq!(gateway_loads(&gw, "failed").await, 1.0);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -431,10 +428,7 @@ async fn a_list_in_flight_does_not_erase_a_load_just_made() {
         assert_eq!(gone, 0, "{name} forgotten after its load");
         assert_eq!(again, (200, first), "{name}");
     }
-    let mut loads = 0.0;
-    for sim in &sims {
-        loads += sim.metric("sim_lora_loads_total").await;
-    }
+    let loads = summed(&sims, "sim_lora_loads_total").await;
     assert_eq!(loads, 4.0, "each adapter loaded once");
 }
 
