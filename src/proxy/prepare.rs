@@ -116,7 +116,7 @@ impl Gateway {
         }
         let input = input.with_stored(continues).with_chain(chain);
         let demand = Demand {
-            prefill: chain::prompt_tokens(api, &facts.prompt),
+            prefill: (pool.routing).text_tokens(chain::prompt_bytes(api, &facts.prompt)),
             max_output: facts.max_output,
         };
         let held = self.serve(ctx, &pool, tenant)?;

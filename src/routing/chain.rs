@@ -79,9 +79,10 @@ fn text(v: Option<&RawValue>) -> Option<&str> {
     v.map(RawValue::get)
 }
 
-/// The prompt tokens of a prompt's fields, at four bytes a token: what
-/// admission expects the backend to prefill before it knows better.
-pub fn prompt_tokens(api: Api, p: &Prompt) -> u64 {
+/// The bytes of a prompt's fields, as sent: what admission expects the
+/// backend to prefill, in the tokens a text block makes
+/// (`ModelRouting::text_tokens`), before it knows better.
+pub fn prompt_bytes(api: Api, p: &Prompt) -> u64 {
     let fields = match api.describe().conversation {
         Some(Conversation::Messages { system, messages }) => {
             [p.tools, system.and_then(|s| p.field(s)), p.field(messages)]
@@ -89,8 +90,7 @@ pub fn prompt_tokens(api: Api, p: &Prompt) -> u64 {
         Some(Conversation::Text) => [p.prompt, None, None],
         None => [None; 3],
     };
-    let bytes: usize = fields.iter().flatten().map(|f| f.get().len()).sum();
-    (bytes / 4) as u64
+    fields.iter().flatten().map(|f| f.get().len() as u64).sum()
 }
 
 /// A JSON array's first element, an object, and the text after it

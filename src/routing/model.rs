@@ -259,6 +259,12 @@ impl ModelRouting {
         }
     }
 
+    /// The prompt tokens `bytes` of a prompt's text make, as the model's
+    /// responses have shown (four bytes a token until they have).
+    pub fn text_tokens(&self, bytes: u64) -> u64 {
+        bytes * self.rates.text_block_tokens() / super::chain::BLOCK_BYTES as u64
+    }
+
     /// The index a request's chain is matched against: the events' for a
     /// prompt in tokens, else the estimate's (if the model has events).
     fn index_for(&self, chain: &Chain) -> Option<&PrefixIndex> {
@@ -569,6 +575,27 @@ mod tests {
         let first = chat(&routing, &[system, ("user", "u".repeat(20_000))]);
         let plan = (routing.route(&router, &first, |_| Facts::default(), Instant::now())).unwrap();
         assert_eq!(plan.held.iter().find(|h| h.recent.is_some()), None);
+    }
+
+    #[test]
+    fn a_prompts_text_counts_the_tokens_its_responses_reported() {
+        let (routing, _) = indexed();
+        let input = long_turn(&routing, "t", 1, "");
+        let blocks = input.chain.links.len() as u64;
+        assert_eq!(routing.text_tokens(256 * blocks), 64 * blocks);
+        // JSON that makes 40 tokens a 256-byte block, not 64.
+        for _ in 0..300 {
+            routing.observed(
+                &input,
+                Observed {
+                    held: std::time::Duration::from_millis(100),
+                    ttft: None,
+                    prompt_tokens: Some(40 * blocks),
+                    cached_tokens: Some(0),
+                },
+            );
+        }
+        assert_eq!(routing.text_tokens(256 * blocks), 40 * blocks);
     }
 
     #[test]
