@@ -98,7 +98,8 @@ pub enum Route {
     /// The backend that stored the response this request continues or
     /// names (`owners.rs`).
     Owner,
-    /// Not the order's first: the backend holding the most of its prompt
+    /// Not the order's first: the backend holding the most of its prompt,
+    /// or that served its conversation's previous turn
     /// (`routing.prefix_index`).
     Cache,
 }
