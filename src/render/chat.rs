@@ -2,14 +2,16 @@
 //! the "string" content format): each message's text parts joined with
 //! "\n", a missing content as "", Claude Code's billing header line taken
 //! out of system text, an assistant's `reasoning` also as
-//! `reasoning_content`. The other APIs build a [`Conversation`] of the same
-//! [`Message`]s, as vLLM converts them to a chat.
+//! `reasoning_content`, tool calls and tools as `tools.rs` says. The other
+//! APIs build a [`Conversation`] of the same [`Message`]s, as vLLM converts
+//! them to a chat.
 
+use minijinja::Value;
 use serde::de::IgnoredAny;
 use serde::Deserialize;
-use serde_json::{Map, Value};
+use serde_json::Map;
 
-use super::Unrendered;
+use super::{tools, Unrendered};
 
 /// Claude Code's per-request attribution line: vLLM drops it from system
 /// text, since its hash changes every request.
@@ -23,7 +25,9 @@ pub(super) struct Conversation {
     pub continue_final_message: bool,
     pub reasoning_effort: Option<String>,
     /// `chat_template_kwargs`.
-    pub kwargs: Map<String, Value>,
+    pub kwargs: Map<String, serde_json::Value>,
+    /// The tools, as the template sees them.
+    pub tools: Option<Vec<Value>>,
 }
 
 /// A Chat Completions message.
@@ -32,9 +36,28 @@ pub(super) struct Message {
     pub role: String,
     pub content: Option<Content>,
     pub name: Option<String>,
-    pub tool_calls: Option<Vec<IgnoredAny>>,
+    /// As the template sees them (`tools::chat_call` makes them so).
+    pub tool_calls: Option<Vec<Value>>,
     pub tool_call_id: Option<String>,
     pub reasoning: Option<String>,
+}
+
+/// A message as the template sees it: its role and text, then the other
+/// fields vLLM sets, in vLLM's order.
+pub(super) struct Flat {
+    pub role: String,
+    pub content: String,
+    fields: Vec<(&'static str, Value)>,
+}
+
+impl Flat {
+    pub fn value(self) -> Value {
+        let head = [
+            ("role", Value::from(self.role)),
+            ("content", Value::from(self.content)),
+        ];
+        tools::map(head.into_iter().chain(self.fields))
+    }
 }
 
 #[derive(Deserialize)]
@@ -70,10 +93,7 @@ impl Message {
     }
 
     /// The message as the template sees it.
-    pub fn flattened(self) -> Result<Value, Unrendered> {
-        if self.tool_calls.is_some_and(|calls| !calls.is_empty()) {
-            return Err(Unrendered::Tools);
-        }
+    pub fn flattened(self) -> Result<Flat, Unrendered> {
         let parts = match self.content {
             None => Vec::new(),
             Some(Content::Text(t)) => vec![t],
@@ -87,30 +107,35 @@ impl Message {
         } else {
             parts
         };
-        let mut m = Map::new();
-        m.insert("role".into(), Value::from(self.role.as_str()));
-        m.insert("content".into(), Value::from(parts.join("\n")));
+        let mut fields = Vec::new();
         match self.role.as_str() {
             "assistant" => {
+                if let Some(calls) = self.tool_calls.filter(|c| !c.is_empty()) {
+                    fields.push(("tool_calls", Value::from(calls)));
+                }
                 if let Some(r) = self.reasoning {
-                    m.insert("reasoning".into(), Value::from(r.as_str()));
-                    m.insert("reasoning_content".into(), Value::from(r));
+                    fields.push(("reasoning", Value::from(r.as_str())));
+                    fields.push(("reasoning_content", Value::from(r)));
                 }
             }
             "tool" => {
                 if let Some(id) = self.tool_call_id {
-                    m.insert("tool_call_id".into(), Value::from(id));
+                    fields.push(("tool_call_id", Value::from(id)));
                 }
-            }
-            "developer" => {
-                m.insert("tools".into(), Value::Null);
             }
             _ => {}
         }
         if let Some(name) = self.name {
-            m.insert("name".into(), Value::from(name));
+            fields.push(("name", Value::from(name)));
         }
-        Ok(Value::Object(m))
+        if self.role == "developer" {
+            fields.push(("tools", Value::from(())));
+        }
+        Ok(Flat {
+            role: self.role,
+            content: parts.join("\n"),
+            fields,
+        })
     }
 }
 
@@ -136,29 +161,29 @@ impl Part {
 /// vLLM hands them to it: developer messages made system ones, and every
 /// system message's text merged into one first message (blank lines
 /// between), if one is not first.
-pub(super) fn developer_as_system(mut messages: Vec<Value>) -> Vec<Value> {
+pub(super) fn developer_as_system(mut messages: Vec<Flat>) -> Vec<Flat> {
     for m in &mut messages {
-        if m["role"] == "developer" {
-            m["role"] = Value::from("system");
-            if let Value::Object(map) = m {
-                map.remove("tools");
-            }
+        if m.role == "developer" {
+            m.role = "system".into();
+            m.fields.retain(|(k, _)| *k != "tools");
         }
     }
-    if !messages.iter().skip(1).any(|m| m["role"] == "system") {
+    if !messages.iter().skip(1).any(|m| m.role == "system") {
         return messages;
     }
-    let (system, rest): (Vec<Value>, Vec<Value>) =
-        messages.into_iter().partition(|m| m["role"] == "system");
+    let (system, rest): (Vec<Flat>, Vec<Flat>) =
+        messages.into_iter().partition(|m| m.role == "system");
     let text: Vec<&str> = system
         .iter()
-        .filter_map(|m| m["content"].as_str())
+        .map(|m| m.content.as_str())
         .filter(|t| !t.is_empty())
         .collect();
-    let mut merged = Map::new();
-    merged.insert("role".into(), Value::from("system"));
-    merged.insert("content".into(), Value::from(text.join("\n\n")));
-    std::iter::once(Value::Object(merged)).chain(rest).collect()
+    let merged = Flat {
+        role: "system".into(),
+        content: text.join("\n\n"),
+        fields: Vec::new(),
+    };
+    std::iter::once(merged).chain(rest).collect()
 }
 
 /// System text without the billing header line (a part that is only that
@@ -179,11 +204,11 @@ fn without_billing_header(parts: Vec<String>) -> Vec<String> {
 #[derive(Deserialize)]
 struct ChatBody {
     messages: Vec<Message>,
-    tools: Option<IgnoredAny>,
+    tools: Option<Vec<Value>>,
     add_generation_prompt: Option<bool>,
     continue_final_message: Option<bool>,
     reasoning_effort: Option<String>,
-    chat_template_kwargs: Option<Map<String, Value>>,
+    chat_template_kwargs: Option<Map<String, serde_json::Value>>,
     cache_salt: Option<IgnoredAny>,
     documents: Option<IgnoredAny>,
     chat_template: Option<IgnoredAny>,
@@ -195,14 +220,31 @@ pub(super) fn conversation(body: &[u8]) -> Result<Conversation, Unrendered> {
     if body.cache_salt.is_some() {
         return Err(Unrendered::Salted);
     }
-    if body.tools.is_some() {
-        return Err(Unrendered::Tools);
-    }
     if body.documents.is_some() || body.chat_template.is_some() {
         return Err(Unrendered::Unsupported);
     }
+    let mut messages = body.messages;
+    for m in &mut messages {
+        if let Some(calls) = m.tool_calls.as_mut() {
+            *calls = calls
+                .iter()
+                .map(tools::chat_call)
+                .collect::<Result<_, _>>()?;
+        }
+    }
+    let tools = match body.tools {
+        // vLLM refuses an empty list.
+        Some(list) if list.is_empty() => return Err(Unrendered::Failed),
+        Some(list) => Some(
+            list.iter()
+                .map(tools::chat_tool)
+                .collect::<Result<_, _>>()?,
+        ),
+        None => None,
+    };
     Ok(Conversation {
-        messages: body.messages,
+        messages,
+        tools,
         add_generation_prompt: body.add_generation_prompt.unwrap_or(true),
         continue_final_message: body.continue_final_message.unwrap_or(false),
         reasoning_effort: body.reasoning_effort,

@@ -11,25 +11,32 @@
 //!     message's reasoning; a user message left without text is dropped
 //! thinking {type: disabled} -> reasoning_effort as vLLM probes it;
 //!     output_config.effort -> reasoning_effort
+//! tool_use -> a tool call of the assistant message
+//! tool_result in a user turn -> a tool message (its text blocks joined with
+//!     "\n") before the user message of the turn's other blocks
+//! tools -> tools (`tools.rs`)
 //! ```
 //!
-//! Tool use, tool results and tools are not rendered, nor images.
+//! Not rendered: images, a tool result of images or tool references, tools
+//! added or removed by blocks, a tool use without an id (vLLM makes one of
+//! the clock).
 
+use minijinja::Value;
 use serde::de::IgnoredAny;
 use serde::Deserialize;
-use serde_json::{Map, Value};
+use serde_json::Map;
 
 use super::chat::{Content, Conversation, Message, Part, BILLING_HEADER};
-use super::Unrendered;
+use super::{tools, Unrendered};
 
 #[derive(Deserialize)]
 struct Body {
     system: Option<Blocks>,
     messages: Vec<Turn>,
-    tools: Option<IgnoredAny>,
+    tools: Option<Vec<Value>>,
     thinking: Option<Thinking>,
     output_config: Option<OutputConfig>,
-    chat_template_kwargs: Option<Map<String, Value>>,
+    chat_template_kwargs: Option<Map<String, serde_json::Value>>,
     cache_salt: Option<IgnoredAny>,
 }
 
@@ -53,6 +60,26 @@ struct Block {
     text: Option<String>,
     thinking: Option<String>,
     source: Option<IgnoredAny>,
+    id: Option<String>,
+    name: Option<String>,
+    input: Option<Value>,
+    tool_use_id: Option<String>,
+    content: Option<ResultContent>,
+}
+
+/// A tool result's content.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum ResultContent {
+    Text(String),
+    List(Vec<ResultItem>),
+}
+
+#[derive(Deserialize)]
+struct ResultItem {
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    text: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -80,9 +107,10 @@ pub(super) fn conversation(body: &[u8], probed: &Probed) -> Result<Conversation,
     if body.cache_salt.is_some() {
         return Err(Unrendered::Salted);
     }
-    if body.tools.is_some() {
-        return Err(Unrendered::Tools);
-    }
+    let tools = body
+        .tools
+        .map(|list| list.iter().map(tools::messages_tool).collect())
+        .transpose()?;
     let mut system: Vec<String> = match body.system {
         None => Vec::new(),
         Some(Blocks::Text(t)) => vec![t],
@@ -107,9 +135,7 @@ pub(super) fn conversation(body: &[u8], probed: &Probed) -> Result<Conversation,
             }
             continue;
         }
-        if let Some(m) = message(turn)? {
-            messages.push(m);
-        }
+        add(&mut messages, turn)?;
     }
     let mut effort = body.output_config.and_then(|c| c.effort);
     if body.thinking.is_some_and(|t| t.kind == "disabled") {
@@ -121,6 +147,7 @@ pub(super) fn conversation(body: &[u8], probed: &Probed) -> Result<Conversation,
         continue_final_message: false,
         reasoning_effort: effort,
         kwargs: body.chat_template_kwargs.unwrap_or_default(),
+        tools,
     })
 }
 
@@ -149,15 +176,20 @@ fn inline_system(content: &Blocks) -> Option<String> {
     (!text.is_empty()).then_some(text)
 }
 
-/// A user or assistant turn as a chat message; `None` for a user turn
-/// left with nothing.
-fn message(turn: Turn) -> Result<Option<Message>, Unrendered> {
+/// A user or assistant turn as chat messages: its tool results as tool
+/// messages, then the turn's own message (a user turn left with nothing
+/// is dropped).
+fn add(messages: &mut Vec<Message>, turn: Turn) -> Result<(), Unrendered> {
     let blocks = match turn.content {
-        Blocks::Text(t) => return Ok(Some(Message::text(&turn.role, t))),
+        Blocks::Text(t) => {
+            messages.push(Message::text(&turn.role, t));
+            return Ok(());
+        }
         Blocks::List(blocks) => blocks,
     };
     let mut parts = Vec::new();
     let mut reasoning: Option<String> = None;
+    let mut calls = Vec::new();
     for b in blocks {
         match b.kind.as_str() {
             "text" => {
@@ -171,24 +203,65 @@ fn message(turn: Turn) -> Result<Option<Message>, Unrendered> {
                     reasoning.get_or_insert_with(String::new).push_str(&t);
                 }
             }
-            "tool_use" | "tool_result" => return Err(Unrendered::Tools),
+            "tool_use" => {
+                let id =
+                    b.id.filter(|id| !id.is_empty())
+                        .ok_or(Unrendered::Unsupported)?;
+                let name = Value::from(b.name.unwrap_or_default());
+                let input = b.input.filter(|i| !i.is_none());
+                let arguments = tools::arguments(Some(input.unwrap_or(Value::from(()))))?;
+                calls.push(tools::call(Value::from(id), name, arguments, false));
+            }
+            "tool_result" if turn.role == "user" => {
+                let mut m = Message::text("tool", result_text(b.content)?);
+                m.tool_call_id = Some(b.tool_use_id.unwrap_or_default());
+                messages.push(m);
+            }
+            "tool_result" => match b.content {
+                Some(ResultContent::Text(t)) => parts.push(format!("Tool result: {t}")),
+                None => parts.push("Tool result: ".into()),
+                // vLLM writes Python's repr of the list.
+                Some(ResultContent::List(_)) => return Err(Unrendered::Unsupported),
+            },
+            "tool_addition" | "tool_removal" => return Err(Unrendered::Tools),
             // vLLM skips what else a client echoes (redacted thinking,
             // tool references, unknown blocks).
             _ => {}
         }
     }
     if parts.is_empty() && turn.role == "user" {
-        return Ok(None);
+        return Ok(());
     }
     let content = match parts.len() {
         0 => None,
         1 => parts.pop().map(Content::Text),
         _ => Some(Content::Parts(parts.into_iter().map(Part::Text).collect())),
     };
-    Ok(Some(Message {
+    messages.push(Message {
         role: turn.role,
         content,
         reasoning,
+        tool_calls: (!calls.is_empty()).then_some(calls),
         ..Message::default()
-    }))
+    });
+    Ok(())
+}
+
+/// A tool result's text: a string, or its text items joined with "\n".
+fn result_text(content: Option<ResultContent>) -> Result<String, Unrendered> {
+    let items = match content {
+        None => return Ok(String::new()),
+        Some(ResultContent::Text(t)) => return Ok(t),
+        Some(ResultContent::List(items)) => items,
+    };
+    let mut texts = Vec::new();
+    for item in items {
+        match item.kind.as_deref() {
+            Some("text") => texts.push(item.text.unwrap_or_default()),
+            Some("image") => return Err(Unrendered::NotText),
+            Some("tool_reference") => return Err(Unrendered::Tools),
+            _ => {}
+        }
+    }
+    Ok(texts.join("\n"))
 }

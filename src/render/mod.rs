@@ -13,8 +13,10 @@
 //!         system ones, all merged into the first, if the template does
 //!         not name the developer role
 //!       add_generation_prompt, reasoning_effort (and enable_thinking with
-//!         it), tools and documents none,
+//!         it), tools as vLLM dumps them (tools.rs), documents none,
 //!       bos_token, eos_token, pad_token, unk_token, and chat_template_kwargs
+//!       (the template named `tool_use`, if any, for a request with tools;
+//!       `tojson` and printed values as Python writes them: python.rs)
 //!     cut after the final message's text if continue_final_message, then
 //!     tokenized without special tokens added
 //! completions (/v1/completions): a string prompt tokenized with special
@@ -22,10 +24,10 @@
 //! ```
 //!
 //! Anything else is not rendered ([`Unrendered`]), never guessed: the
-//! other APIs, images and other non-text parts, tools and tool calls
-//! (vLLM passes them to the template as its own models dump them), a
-//! `cache_salt` (vLLM keys its blocks apart), a stored response continued,
-//! a template that fails.
+//! other APIs, images and other non-text parts, tool references and tools
+//! added by blocks, a `cache_salt` (vLLM keys its blocks apart), a stored
+//! response continued, a template that fails (or prints what Python would
+//! print otherwise).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -43,7 +45,9 @@ use chat::Conversation;
 mod chat;
 mod messages;
 mod pieces;
+mod python;
 mod responses;
+mod tools;
 
 /// Why a request's prompt was not rendered: its routing then estimates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,7 +56,7 @@ pub enum Unrendered {
     Api,
     /// A part other than text (an image, audio).
     NotText,
-    /// Tools or tool calls.
+    /// Tool references, or tools added or removed by a message's blocks.
     Tools,
     /// A `cache_salt`.
     Salted,
@@ -85,6 +89,9 @@ pub struct Renderer {
     dir: PathBuf,
     tokenizer: Tokenizer,
     template: Option<Template>,
+    /// The template named `tool_use`, for requests with tools, if the
+    /// model names one.
+    tool_template: Option<Template>,
     /// The special tokens a template may name, by name.
     specials: BTreeMap<String, String>,
     /// What vLLM learns from the template for Messages requests.
@@ -152,21 +159,30 @@ impl Renderer {
             Err(e) => return Err(format!("{}: {e}", config_file.display())),
         };
         let jinja = dir.join("chat_template.jinja");
-        let source = match std::fs::read_to_string(&jinja) {
-            Ok(s) => Some(s),
+        let (source, tool_source) = match std::fs::read_to_string(&jinja) {
+            Ok(s) => (Some(s), None),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => match config.chat_template {
-                Some(TemplateField::One(s)) => Some(s),
-                Some(TemplateField::Named(list)) => list
-                    .into_iter()
-                    .find(|t| t.name == "default")
-                    .map(|t| t.template),
-                None => None,
+                Some(TemplateField::One(s)) => (Some(s), None),
+                Some(TemplateField::Named(mut list)) => {
+                    let mut take = |name: &str| {
+                        let at = list.iter().position(|t| t.name == name)?;
+                        Some(list.swap_remove(at).template)
+                    };
+                    (take("default"), take("tool_use"))
+                }
+                None => (None, None),
             },
             Err(e) => return Err(format!("{}: {e}", jinja.display())),
         };
-        let template = source
-            .map(|s| Template::new(s).map_err(|e| format!("{}: chat template: {e}", dir.display())))
-            .transpose()?;
+        let compile = |source: Option<String>| {
+            source
+                .map(|s| {
+                    Template::new(s).map_err(|e| format!("{}: chat template: {e}", dir.display()))
+                })
+                .transpose()
+        };
+        let template = compile(source)?;
+        let tool_template = compile(tool_source)?;
         let specials = [
             ("bos_token", config.bos_token),
             ("eos_token", config.eos_token),
@@ -187,6 +203,7 @@ impl Renderer {
             pieces,
             tokenizer,
             template,
+            tool_template,
             specials,
             probed: messages::Probed {
                 merge_inline_system: true,
@@ -273,7 +290,10 @@ impl Renderer {
     /// override the request's `chat_template_kwargs` and transformers
     /// continues a final message.
     fn render(&self, conversation: Conversation) -> Result<String, Unrendered> {
-        let template = self.template.as_ref().ok_or(Unrendered::Failed)?;
+        let template = match (&conversation.tools, &self.tool_template) {
+            (Some(_), Some(t)) => t,
+            _ => self.template.as_ref().ok_or(Unrendered::Failed)?,
+        };
         let cont = conversation.continue_final_message;
         if (cont && conversation.add_generation_prompt) || conversation.messages.is_empty() {
             return Err(Unrendered::Failed);
@@ -283,7 +303,7 @@ impl Renderer {
             .into_iter()
             .map(chat::Message::flattened)
             .collect::<Result<Vec<_>, _>>()?;
-        if !template.developer && messages.iter().any(|m| m["role"] == "developer") {
+        if !template.developer && messages.iter().any(|m| m.role == "developer") {
             messages = chat::developer_as_system(messages);
         }
         let mut final_text = String::new();
@@ -291,23 +311,24 @@ impl Renderer {
             if !template.content {
                 return Err(Unrendered::Failed);
             }
-            let last = messages.last_mut().and_then(|m| m.get_mut("content"));
-            if let Some(serde_json::Value::String(text)) = last {
-                final_text = text.trim().to_string();
-                text.push_str(CONTINUE_TAG);
+            if let Some(last) = messages.last_mut() {
+                final_text = last.content.trim().to_string();
+                last.content.push_str(CONTINUE_TAG);
             }
         }
         let mut context: BTreeMap<String, Value> = BTreeMap::new();
         for (k, v) in &self.specials {
             context.insert(k.clone(), Value::from(v.as_str()));
         }
-        context.insert("tools".into(), Value::from(()));
+        let tools = conversation.tools.map(Value::from);
+        context.insert("tools".into(), tools.unwrap_or(Value::from(())));
         context.insert("documents".into(), Value::from(()));
         let thinking_set = conversation.kwargs.contains_key("enable_thinking");
         for (k, v) in conversation.kwargs {
             context.insert(k, Value::from(Serde(&v)));
         }
-        context.insert("messages".into(), Value::from(Serde(&messages)));
+        let messages: Vec<Value> = messages.into_iter().map(chat::Flat::value).collect();
+        context.insert("messages".into(), Value::from(messages));
         context.insert(
             "add_generation_prompt".into(),
             Value::from(conversation.add_generation_prompt),
@@ -367,6 +388,7 @@ impl Template {
             .expect("the default delimiters are valid");
         env.set_syntax(syntax);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        python::install(&mut env);
         env.add_function("raise_exception", |message: String| -> Result<Value, _> {
             Err(minijinja::Error::new(ErrorKind::InvalidOperation, message))
         });

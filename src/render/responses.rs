@@ -9,20 +9,24 @@
 //!     any other item with a role -> a chat message as it is
 //!     a reasoning item -> its text (else its summary's) as the reasoning of
 //!       the assistant message just before it, or of one of its own
+//!     a function call (a custom tool's call) -> a tool call of the
+//!       assistant message just before it, or of one of its own
+//!     a function call's output -> a tool message
 //! the last item a message still in progress -> continue_final_message
 //! reasoning.effort -> reasoning_effort
+//! tools -> tools (`tools.rs`)
 //! ```
 //!
 //! Not rendered: a request that continues a stored response or
-//! conversation (the prompt holds what the gateway never saw), tools,
-//! function calls and their outputs, encrypted reasoning, a stored prompt.
+//! conversation (the prompt holds what the gateway never saw), encrypted
+//! reasoning, a stored prompt.
 
 use serde::de::IgnoredAny;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use super::chat::{Content, Conversation, Message};
-use super::Unrendered;
+use super::{tools, Unrendered};
 
 #[derive(Deserialize)]
 struct Body {
@@ -31,7 +35,7 @@ struct Body {
     previous_response_id: Option<IgnoredAny>,
     conversation: Option<IgnoredAny>,
     prompt: Option<IgnoredAny>,
-    tools: Option<Vec<IgnoredAny>>,
+    tools: Option<Vec<minijinja::Value>>,
     reasoning: Option<Reasoning>,
     chat_template_kwargs: Option<Map<String, Value>>,
     cache_salt: Option<IgnoredAny>,
@@ -61,9 +65,13 @@ pub(super) fn conversation(body: &[u8]) -> Result<Conversation, Unrendered> {
     if body.prompt.is_some() {
         return Err(Unrendered::Unsupported);
     }
-    if body.tools.is_some_and(|t| !t.is_empty()) {
-        return Err(Unrendered::Tools);
-    }
+    let tools = match body.tools.filter(|t| !t.is_empty()) {
+        Some(list) => {
+            let each = list.iter().map(tools::responses_tools);
+            Some(each.collect::<Result<Vec<_>, _>>()?.concat())
+        }
+        None => None,
+    };
     let mut messages = Vec::new();
     if let Some(text) = body.instructions.filter(|t| !t.is_empty()) {
         messages.push(Message::text("system", text));
@@ -84,6 +92,7 @@ pub(super) fn conversation(body: &[u8]) -> Result<Conversation, Unrendered> {
         continue_final_message: continued,
         reasoning_effort: body.reasoning.and_then(|r| r.effort),
         kwargs: body.chat_template_kwargs.unwrap_or_default(),
+        tools,
     })
 }
 
@@ -100,12 +109,12 @@ fn in_progress(item: &Map<String, Value>) -> bool {
 
 fn add(messages: &mut Vec<Message>, item: Map<String, Value>) -> Result<(), Unrendered> {
     match item.get("type").and_then(Value::as_str) {
-        Some(
-            "function_call"
-            | "custom_tool_call"
-            | "function_call_output"
-            | "custom_tool_call_output",
-        ) => return Err(Unrendered::Tools),
+        Some(kind @ ("function_call" | "custom_tool_call")) => {
+            return tool_call(messages, &item, kind == "custom_tool_call")
+        }
+        Some("function_call_output" | "custom_tool_call_output") => {
+            return tool_output(messages, item)
+        }
         Some("reasoning") => return reasoning(messages, &item),
         _ => {}
     }
@@ -162,5 +171,59 @@ fn reasoning(messages: &mut Vec<Message>, item: &Map<String, Value>) -> Result<(
             ..Message::default()
         }),
     }
+    Ok(())
+}
+
+/// A function call (or a custom tool's) as a tool call of the assistant
+/// message before it, or of one of its own.
+fn tool_call(
+    messages: &mut Vec<Message>,
+    item: &Map<String, Value>,
+    custom: bool,
+) -> Result<(), Unrendered> {
+    let text = |key: &str| {
+        item.get(key)
+            .and_then(Value::as_str)
+            .ok_or(Unrendered::Failed)
+    };
+    let name = match item.get("namespace").and_then(Value::as_str) {
+        Some(space) if !custom => tools::namespaced(&space.into(), &text("name")?.into())?.into(),
+        _ => minijinja::Value::from(text("name")?),
+    };
+    let arguments = match custom {
+        true => tools::custom_arguments(item.get("input").and_then(Value::as_str).unwrap_or("")),
+        false => tools::arguments(Some(text("arguments")?.into()))?,
+    };
+    let call = tools::call(text("call_id")?.into(), name, arguments, true);
+    match messages.last_mut() {
+        Some(prev) if prev.role == "assistant" => {
+            prev.tool_calls.get_or_insert_with(Vec::new).push(call);
+        }
+        _ => messages.push(Message {
+            role: "assistant".into(),
+            tool_calls: Some(vec![call]),
+            ..Message::default()
+        }),
+    }
+    Ok(())
+}
+
+/// A function call's output as a tool message.
+fn tool_output(messages: &mut Vec<Message>, item: Map<String, Value>) -> Result<(), Unrendered> {
+    let content = match item.get("output") {
+        Some(output) => {
+            Some(serde_json::from_value(output.clone()).map_err(|_| Unrendered::Failed)?)
+        }
+        None => None,
+    };
+    messages.push(Message {
+        role: "tool".into(),
+        content,
+        tool_call_id: item
+            .get("call_id")
+            .and_then(Value::as_str)
+            .map(str::to_string),
+        ..Message::default()
+    });
     Ok(())
 }

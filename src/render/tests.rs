@@ -51,12 +51,12 @@ fn what_is_not_rendered_exactly_says_why() {
             Unrendered::NotText,
         ),
         (
-            br#"{"messages":[{"role":"user","content":"q"}],"tools":[]}"#,
+            br#"{"messages":[{"role":"tool","content":[{"type":"tool_reference","tool_name":"t"}]}]}"#,
             Unrendered::Tools,
         ),
         (
             br#"{"messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"c"}]}]}"#,
-            Unrendered::Tools,
+            Unrendered::Failed,
         ),
         (
             br#"{"messages":[{"role":"user","content":"q"}],"cache_salt":"s"}"#,
@@ -79,6 +79,7 @@ fn a_template_renders_as_transformers_does() {
         dir: PathBuf::new(),
         tokenizer: byte_model().tokenizer,
         template: Some(Template::new(source.into()).unwrap()),
+        tool_template: None,
         specials: [("bos_token".to_string(), "<s>".to_string())].into(),
         probed: messages::Probed {
             merge_inline_system: true,

@@ -1,0 +1,373 @@
+//! Tools and tool calls as vLLM 0.32 hands them to the template.
+//!
+//! ```text
+//! tools: each a {type: "function", function: {name, description, parameters,
+//!     strict, defer_loading}} (`ChatCompletionToolsParam.model_dump()`):
+//!     description and parameters kept when null, strict and defer_loading
+//!     only when set, other fields dropped; the parameters as the client
+//!     wrote them, keys in its order
+//!   Messages: name, description, input_schema (with "type": "object"
+//!     added last when it has none), strict, defer_loading
+//!   Responses: function tools, a namespace's function tools named
+//!     `<namespace>__<name>`, a custom tool as a function of one string
+//!     `input`; other tools (web search, ...) dropped
+//! tool calls: {id, function: {arguments, name}, type}, the arguments
+//!     decoded to an object (`_postprocess_messages`): a JSON string parsed,
+//!     anything empty, not JSON or not an object as {}
+//! ```
+
+use minijinja::value::ValueKind;
+use minijinja::Value;
+
+use super::Unrendered;
+
+/// A Chat Completions tool as the template sees it.
+pub(super) fn chat_tool(tool: &Value) -> Result<Value, Unrendered> {
+    if !is_map(tool) || field(tool, "type").is_some_and(|t| t.as_str() != Some("function")) {
+        return Err(Unrendered::Failed);
+    }
+    let function = field(tool, "function")
+        .filter(is_map)
+        .ok_or(Unrendered::Failed)?;
+    let outer = field(tool, "defer_loading").filter(|v| !v.is_none());
+    let defer = field(&function, "defer_loading").filter(|v| !v.is_none());
+    let function = definition(
+        field(&function, "name").ok_or(Unrendered::Failed)?,
+        field(&function, "description"),
+        field(&function, "parameters"),
+        field(&function, "strict"),
+        defer.or_else(|| outer.clone()),
+    );
+    let mut dict = vec![("type", Value::from("function")), ("function", function)];
+    dict.extend(outer.map(|v| ("defer_loading", v)));
+    Ok(map(dict))
+}
+
+/// An Anthropic Messages tool as the template sees it.
+pub(super) fn messages_tool(tool: &Value) -> Result<Value, Unrendered> {
+    let schema = field(tool, "input_schema")
+        .filter(is_map)
+        .ok_or(Unrendered::Failed)?;
+    let schema = match field(&schema, "type") {
+        Some(_) => schema,
+        None => map(entries(&schema)?
+            .into_iter()
+            .chain([("type".to_string(), Value::from("object"))])),
+    };
+    let function = definition(
+        field(tool, "name").ok_or(Unrendered::Failed)?,
+        field(tool, "description"),
+        Some(schema),
+        field(tool, "strict"),
+        field(tool, "defer_loading"),
+    );
+    Ok(map([
+        ("type", Value::from("function")),
+        ("function", function),
+    ]))
+}
+
+/// The function tools a Responses tool stands for, as the template sees
+/// them.
+pub(super) fn responses_tools(tool: &Value) -> Result<Vec<Value>, Unrendered> {
+    let flat = |named: &Value, name: Value| {
+        map([
+            ("type", Value::from("function")),
+            (
+                "function",
+                definition(
+                    name,
+                    field(named, "description"),
+                    field(named, "parameters"),
+                    field(named, "strict"),
+                    field(named, "defer_loading"),
+                ),
+            ),
+        ])
+    };
+    let name = field(tool, "name").ok_or(Unrendered::Failed);
+    Ok(match field(tool, "type").as_ref().and_then(Value::as_str) {
+        Some("function") => vec![flat(tool, name?)],
+        Some("namespace") => {
+            let space = name?;
+            let inner = field(tool, "tools").ok_or(Unrendered::Failed)?;
+            let mut functions = Vec::new();
+            for t in inner.try_iter().map_err(|_| Unrendered::Failed)? {
+                if field(&t, "type").as_ref().and_then(Value::as_str) == Some("function") {
+                    let own = field(&t, "name").ok_or(Unrendered::Failed)?;
+                    functions.push(flat(&t, Value::from(namespaced(&space, &own)?)));
+                }
+            }
+            functions
+        }
+        Some("custom") => vec![map([
+            ("type", Value::from("function")),
+            (
+                "function",
+                definition(
+                    name?,
+                    field(tool, "description"),
+                    Some(custom_parameters()),
+                    None,
+                    None,
+                ),
+            ),
+        ])],
+        _ => Vec::new(),
+    })
+}
+
+/// The name vLLM gives a namespace's function.
+pub(super) fn namespaced(space: &Value, name: &Value) -> Result<String, Unrendered> {
+    match (space.as_str(), name.as_str()) {
+        (Some(space), Some(name)) => Ok(format!("{space}__{name}")),
+        _ => Err(Unrendered::Failed),
+    }
+}
+
+/// A custom tool's call arguments: its free-form input under `input`.
+pub(super) fn custom_arguments(input: &str) -> Value {
+    map([("input", Value::from(input))])
+}
+
+/// The one-string function a custom tool is shown as.
+fn custom_parameters() -> Value {
+    let input = map([
+        ("type", Value::from("string")),
+        (
+            "description",
+            Value::from("The freeform text payload for this tool."),
+        ),
+    ]);
+    map([
+        ("type", Value::from("object")),
+        ("properties", map([("input", input)])),
+        ("required", Value::from(vec![Value::from("input")])),
+        ("additionalProperties", Value::from(false)),
+    ])
+}
+
+/// `FunctionDefinition.model_dump()`.
+fn definition(
+    name: Value,
+    description: Option<Value>,
+    parameters: Option<Value>,
+    strict: Option<Value>,
+    defer_loading: Option<Value>,
+) -> Value {
+    let mut dict = vec![
+        ("name", name),
+        ("description", description.unwrap_or(Value::from(()))),
+        ("parameters", parameters.unwrap_or(Value::from(()))),
+    ];
+    dict.extend(strict.filter(|v| !v.is_none()).map(|v| ("strict", v)));
+    dict.extend(
+        defer_loading
+            .filter(|v| !v.is_none())
+            .map(|v| ("defer_loading", v)),
+    );
+    map(dict)
+}
+
+/// A Chat Completions tool call as the template sees it: `{id, function:
+/// {arguments, name, ...}, type, ...}` (the order pydantic validates the
+/// client's dict to, its other keys after), the arguments decoded.
+pub(super) fn chat_call(call: &Value) -> Result<Value, Unrendered> {
+    if !is_map(call) || field(call, "type").is_some_and(|t| t.as_str() != Some("function")) {
+        return Err(Unrendered::Failed);
+    }
+    let function = field(call, "function")
+        .filter(is_map)
+        .ok_or(Unrendered::Failed)?;
+    let arguments = arguments(field(&function, "arguments"))?;
+    let function = map(ordered(
+        &function,
+        &["arguments", "name"],
+        |k, v| match k {
+            "arguments" => arguments.clone(),
+            _ => v,
+        },
+    )?);
+    Ok(map(ordered(
+        call,
+        &["id", "function", "type"],
+        |k, v| match k {
+            "function" => function.clone(),
+            _ => v,
+        },
+    )?))
+}
+
+/// A tool call the gateway builds from another API's: `{id, function:
+/// {name, arguments}, type}` (Responses) or `{id, function: {arguments,
+/// name}, type}` (Messages, validated as a chat request).
+pub(super) fn call(id: Value, name: Value, arguments: Value, name_first: bool) -> Value {
+    let function = match name_first {
+        true => map([("name", name), ("arguments", arguments)]),
+        false => map([("arguments", arguments), ("name", name)]),
+    };
+    map([
+        ("id", id),
+        ("function", function),
+        ("type", Value::from("function")),
+    ])
+}
+
+/// A call's `arguments` as vLLM gives them to the template: an object.
+pub(super) fn arguments(given: Option<Value>) -> Result<Value, Unrendered> {
+    let Some(given) = given.filter(Value::is_true) else {
+        return Ok(empty());
+    };
+    let parsed = match given.as_str() {
+        Some(text) => match serde_json::from_str::<Value>(text) {
+            Ok(v) => v,
+            // Python's json reads these; serde_json does not.
+            Err(_) if text.contains("NaN") || text.contains("Infinity") => {
+                return Err(Unrendered::Unsupported)
+            }
+            Err(_) => return Ok(empty()),
+        },
+        None => given,
+    };
+    Ok(if is_map(&parsed) { parsed } else { empty() })
+}
+
+fn empty() -> Value {
+    map(std::iter::empty::<(String, Value)>())
+}
+
+fn is_map(v: &Value) -> bool {
+    v.kind() == ValueKind::Map
+}
+
+/// A map's field, if it is set (null counts as set, as in Python).
+fn field(v: &Value, key: &str) -> Option<Value> {
+    v.get_attr(key).ok().filter(|v| !v.is_undefined())
+}
+
+fn entries(v: &Value) -> Result<Vec<(String, Value)>, Unrendered> {
+    let keys = v.try_iter().map_err(|_| Unrendered::Failed)?;
+    keys.map(|k| {
+        let key = k.as_str().ok_or(Unrendered::Failed)?.to_string();
+        let value = v.get_item(&k).map_err(|_| Unrendered::Failed)?;
+        Ok((key, value))
+    })
+    .collect()
+}
+
+/// The entries of map `v`: `first` (those present) in that order, then the
+/// others in `v`'s order; `each` may replace a value of `first`.
+fn ordered(
+    v: &Value,
+    first: &[&str],
+    each: impl Fn(&str, Value) -> Value,
+) -> Result<Vec<(String, Value)>, Unrendered> {
+    let all = entries(v)?;
+    let mut out: Vec<(String, Value)> = first
+        .iter()
+        .filter_map(|k| {
+            let (key, value) = all.iter().find(|(key, _)| key == k)?;
+            Some((key.clone(), each(k, value.clone())))
+        })
+        .collect();
+    out.extend(
+        all.into_iter()
+            .filter(|(k, _)| !first.contains(&k.as_str())),
+    );
+    Ok(out)
+}
+
+/// A dict of `entries`, in their order.
+pub(super) fn map<K: Into<Value>>(entries: impl IntoIterator<Item = (K, Value)>) -> Value {
+    let entries = entries.into_iter().map(|(k, v)| (k.into(), v));
+    Value::from_object(entries.collect::<indexmap::IndexMap<Value, Value>>())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn json(text: &str) -> Value {
+        serde_json::from_str(text).unwrap()
+    }
+
+    fn dumped(v: &Value) -> String {
+        serde_json::to_string(v).unwrap()
+    }
+
+    #[test]
+    fn a_chat_tool_keeps_its_parameters_in_order_and_drops_the_rest() {
+        let tool = json(
+            r#"{"function": {"parameters": {"z": 1, "a": {"y": 1.0}}, "name": "f", "extra": 3}, "type": "function"}"#,
+        );
+        assert_eq!(
+            dumped(&chat_tool(&tool).unwrap()),
+            r#"{"type":"function","function":{"name":"f","description":null,"parameters":{"z":1,"a":{"y":1.0}}}}"#
+        );
+        let deferred = json(
+            r#"{"type": "function", "function": {"name": "f", "strict": true}, "defer_loading": true}"#,
+        );
+        assert_eq!(
+            dumped(&chat_tool(&deferred).unwrap()),
+            r#"{"type":"function","function":{"name":"f","description":null,"parameters":null,"strict":true,"defer_loading":true},"defer_loading":true}"#
+        );
+    }
+
+    #[test]
+    fn a_messages_tool_gets_an_object_type_last() {
+        let tool = json(
+            r#"{"name": "Bash", "description": "run", "input_schema": {"properties": {}}, "cache_control": {"type": "ephemeral"}}"#,
+        );
+        assert_eq!(
+            dumped(&messages_tool(&tool).unwrap()),
+            r#"{"type":"function","function":{"name":"Bash","description":"run","parameters":{"properties":{},"type":"object"}}}"#
+        );
+    }
+
+    #[test]
+    fn responses_tools_flatten_namespaces_and_drop_what_is_not_a_function() {
+        let ns = json(
+            r#"{"type": "namespace", "name": "fs", "tools": [{"type": "function", "name": "read", "parameters": {}}, {"type": "web_search"}]}"#,
+        );
+        assert_eq!(
+            dumped(&Value::from(responses_tools(&ns).unwrap())),
+            r#"[{"type":"function","function":{"name":"fs__read","description":null,"parameters":{}}}]"#
+        );
+        assert!(responses_tools(&json(r#"{"type": "web_search"}"#))
+            .unwrap()
+            .is_empty());
+    }
+
+    #[test]
+    fn call_arguments_are_decoded_to_an_object() {
+        let call = json(
+            r#"{"type": "function", "function": {"name": "f", "arguments": "{\"b\": 1, \"a\": [2.0]}"}, "id": "c1"}"#,
+        );
+        assert_eq!(
+            dumped(&chat_call(&call).unwrap()),
+            r#"{"id":"c1","function":{"arguments":{"b":1,"a":[2.0]},"name":"f"},"type":"function"}"#
+        );
+        for empty in [
+            r#""""#,
+            r#""{}""#,
+            r#""[1]""#,
+            r#""{not json""#,
+            "null",
+            "42",
+        ] {
+            assert_eq!(
+                dumped(&arguments(Some(json(empty))).unwrap()),
+                "{}",
+                "{empty}"
+            );
+        }
+        assert_eq!(
+            arguments(Some(json(r#""{\"x\": NaN}""#))),
+            Err(Unrendered::Unsupported)
+        );
+        assert_eq!(
+            chat_call(&json(r#"{"type": "custom", "function": {}}"#)),
+            Err(Unrendered::Failed)
+        );
+    }
+}
