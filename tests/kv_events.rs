@@ -324,12 +324,116 @@ async fn messages_and_responses_requests_match_the_blocks_their_chat_cached() {
     );
 }
 
-/// `name`'s conversation with a tool: not rendered (its tools), so routed
-/// by the estimate of its text.
-fn with_tools(name: &str) -> Value {
+/// `name`'s agent conversation in each API's form: its tools (long
+/// descriptions, as agents' are), a call of one and its result, and the
+/// next question.
+fn agent(name: &str) -> [(&'static str, Value); 3] {
+    let description = format!("{name} tool: ").repeat(150);
+    let arguments = json!({"path": format!("{name}.rs"), "limit": 40});
+    let chat = json!({"model": "m", "max_tokens": 4,
+        "tools": [{"type": "function", "function": {"name": "read", "description": description, "parameters": {"type": "object"}}}],
+        "messages": [
+            {"role": "system", "content": "you code"},
+            {"role": "user", "content": "look"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+                "function": {"name": "read", "arguments": arguments.to_string()}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "fn main() {}"},
+            {"role": "user", "content": "and now?"}]});
+    let messages = json!({"model": "m", "max_tokens": 4, "system": "you code",
+        "tools": [{"name": "read", "description": description, "input_schema": {"type": "object"}}],
+        "messages": [
+            {"role": "user", "content": "look"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "c1", "name": "read", "input": arguments}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "c1", "content": "fn main() {}"},
+                {"type": "text", "text": "and now?"}]}]});
+    let responses = json!({"model": "m", "max_output_tokens": 4, "instructions": "you code",
+        "tools": [{"type": "function", "name": "read", "description": description, "parameters": {"type": "object"}}],
+        "input": [
+            {"role": "user", "content": "look"},
+            {"type": "function_call", "call_id": "c1", "name": "read", "arguments": arguments.to_string()},
+            {"type": "function_call_output", "call_id": "c1", "output": "fn main() {}"},
+            {"role": "user", "content": "and now?"}]});
+    [
+        ("/v1/chat/completions", chat),
+        ("/v1/messages", messages),
+        ("/v1/responses", responses),
+    ]
+}
+
+/// The cached tokens a sim reported in an answer of any API.
+fn cached(answer: &Value) -> u64 {
+    let usage = &answer["usage"];
+    [
+        &usage["prompt_tokens_details"]["cached_tokens"],
+        &usage["cache_read_input_tokens"],
+        &usage["input_tokens_details"]["cached_tokens"],
+    ]
+    .iter()
+    .find_map(|v| v.as_u64())
+    .unwrap_or(0)
+}
+
+/// An agent's requests (tools, tool calls, tool results) are rendered as
+/// vLLM renders them, so routed by the events exactly, in every API's
+/// form: each goes to the backend that cached its conversation, expecting
+/// what the backend then reports.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_agents_requests_with_tools_are_routed_by_the_events() {
+    let f = fleet(&["127.0.0.10", "127.0.0.11"], "65536");
+    let gw = Gateway::start(&config(&f)).await;
+    subscribed(&gw, &f.sims).await;
+    let names = ["eta", "theta"];
+    for (sim, name) in f.sims.iter().zip(names) {
+        let [(path, chat), _, _] = agent(name);
+        let url = format!("http://{}{path}", sim.addr);
+        let resp = client().post(url).json(&chat).send().await.unwrap();
+        assert_eq!(resp.status(), 200);
+        applied(&gw, sim, 1.0).await;
+    }
+    for (sim, name) in f.sims.iter().zip(names) {
+        for (path, body) in agent(name) {
+            let (backend, _, expected, answer) = post(&gw, path, &body).await;
+            assert_eq!(backend, sim.addr.to_string(), "{name} {path}");
+            assert!(expected > 1000, "{name} {path}: expected {expected}");
+            assert_eq!(expected, cached(&answer) * 4, "{name} {path}: {answer}");
+        }
+    }
+    let rendered = [("model", "m"), ("result", "rendered")];
+    assert_eq!(
+        metric(&gw, "poimen_gateway_prompts_rendered_total", &rendered).await,
+        6.0
+    );
+}
+
+/// A body over `render.max_prompt_bytes` is routed by the estimate of its
+/// text at once, and answered.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_prompt_over_the_render_limit_is_estimated_and_served() {
+    let f = fleet(&["127.0.0.12"], "65536");
+    let config = format!("  render: {{max_prompt_bytes: 2048}}\n{}", config(&f));
+    let gw = Gateway::start(&config).await;
+    subscribed(&gw, &f.sims).await;
+    for name in ["short", "long"] {
+        let mut body = body(name);
+        if name == "short" {
+            body["messages"][0]["content"] = json!("be brief");
+        }
+        let (backend, _, _, answer) = post(&gw, "/v1/chat/completions", &body).await;
+        assert_eq!(backend, f.sims[0].addr.to_string(), "{answer}");
+    }
+    for (result, n) in [("rendered", 1.0), ("too_long", 1.0)] {
+        let labels = [("model", "m"), ("result", result)];
+        let counted = metric(&gw, "poimen_gateway_prompts_rendered_total", &labels).await;
+        assert_eq!(counted, n, "{result}");
+    }
+}
+
+/// `name`'s conversation with an image: not rendered (not text), so
+/// routed by the estimate of its text.
+fn with_image(name: &str) -> Value {
     let mut body = body(name);
-    let tool = json!({"type": "function", "function": {"name": "read", "parameters": {}}});
-    body["tools"] = json!([tool]);
+    let image = json!({"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}});
+    body["messages"][1]["content"] = json!([{"type": "text", "text": "go on"}, image]);
     body
 }
 
@@ -345,11 +449,11 @@ async fn a_prompt_not_rendered_keeps_its_estimate_through_a_reset_published_afte
         let resp = client().post(reset).send().await.unwrap();
         assert!(resp.status().is_success());
     }
-    let (first, _, _, _) = post(&gw, "/v1/chat/completions", &with_tools("delta")).await;
+    let (first, _, _, _) = post(&gw, "/v1/chat/completions", &with_image("delta")).await;
     let sim = f.sims.iter().find(|s| s.addr.to_string() == first).unwrap();
     applied(&gw, sim, 1.0).await;
     let (again, _, expected, answer) =
-        post(&gw, "/v1/chat/completions", &with_tools("delta")).await;
+        post(&gw, "/v1/chat/completions", &with_image("delta")).await;
     let cached = answer["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64();
     assert_eq!(
         again, first,
@@ -357,9 +461,9 @@ async fn a_prompt_not_rendered_keeps_its_estimate_through_a_reset_published_afte
     );
     assert!(expected > 500, "expected {expected}, cached {cached:?}");
     assert!(cached > Some(500), "{answer}");
-    let tools = [("model", "m"), ("result", "tools")];
+    let not_text = [("model", "m"), ("result", "not_text")];
     assert_eq!(
-        metric(&gw, "poimen_gateway_prompts_rendered_total", &tools).await,
+        metric(&gw, "poimen_gateway_prompts_rendered_total", &not_text).await,
         2.0
     );
 }
@@ -375,16 +479,16 @@ async fn the_estimate_of_prompts_not_rendered_is_bounded_by_cache_tokens() {
     // alpha's head (its first 7 blocks of 256 bytes), and is no later turn
     // of a prompt routed before.
     let other = |then: &str| {
-        let mut body = with_tools("alpha");
+        let mut body = with_image("alpha");
         let system = format!("{}{}", "alpha ".repeat(300), then.repeat(100));
         body["messages"][0]["content"] = json!(system);
         body
     };
-    post(&gw, "/v1/chat/completions", &with_tools("alpha")).await;
+    post(&gw, "/v1/chat/completions", &with_image("alpha")).await;
     let (_, _, expected, _) = post(&gw, "/v1/chat/completions", &other("why ")).await;
     assert!(expected > 400, "alpha's head expected {expected}");
     for name in ["beta", "gamma", "epsilon", "zeta"] {
-        post(&gw, "/v1/chat/completions", &with_tools(name)).await;
+        post(&gw, "/v1/chat/completions", &with_image(name)).await;
     }
     let (_, _, expected, _) = post(&gw, "/v1/chat/completions", &other("how ")).await;
     assert_eq!(expected, 0, "alpha's estimate outlived cache_tokens");

@@ -24,7 +24,17 @@ import json
 import sys
 from pathlib import Path
 
-CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }}\n{{ m['content'] }}\n{% endfor %}"
+# vllm-sim's template (sim/src/conversation.rs): the tools' names and
+# descriptions, then each message, then its tool calls' names and string
+# arguments.
+CHAT_TEMPLATE = (
+    "{% if tools %}tools\n{% for t in tools %}{{ t['function']['name'] }}: "
+    "{{ t['function']['description'] }}\n{% endfor %}{% endif %}"
+    "{% for m in messages %}{{ m['role'] }}\n{{ m['content'] }}\n"
+    "{% for c in m['tool_calls'] or [] %}call {{ c['function']['name'] }}\n"
+    "{% for k, v in c['function']['arguments'] | dictsort %}{% if v is string %}"
+    "{{ k }}: {{ v }}\n{% endif %}{% endfor %}{% endfor %}{% endfor %}"
+)
 
 
 def bytes_to_unicode() -> dict[int, str]:
@@ -68,6 +78,13 @@ def build(out: Path, max_len: int, seed: int) -> None:
     assert fast.decode(ids) == probe
     msgs = [{"role": "system", "content": "hello wörld"}, {"role": "user", "content": "q"}]
     assert fast.apply_chat_template(msgs, tokenize=False) == probe
+    tools = [{"type": "function", "function": {"name": "read", "description": None, "parameters": {}}}]
+    calls = [{"id": "c", "type": "function",
+              "function": {"name": "read", "arguments": {"path": "a", "n": 1, "B": "x"}}}]
+    msgs = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": calls},
+            {"role": "tool", "content": "r"}]
+    with_tools = "tools\nread: None\nuser\nq\nassistant\n\ncall read\nB: x\npath: a\ntool\nr\n"
+    assert fast.apply_chat_template(msgs, tools=tools, tokenize=False) == with_tools
 
     torch.manual_seed(seed)
     cfg = LlamaConfig(

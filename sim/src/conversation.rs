@@ -5,8 +5,17 @@
 //! the same conversation is the same prompt (and the same cached prefix)
 //! whether it came as `/v1/chat/completions`, `/v1/responses` or
 //! `/v1/messages`. The simulator keeps that property: each API builds its
-//! `Turn`s (system first, then messages in order) and `render` is the one
-//! template, `<role>\n<text>\n` per turn.
+//! `Turn`s (system first, then messages in order, as vLLM converts them)
+//! and its `Tool`s, and `render` is the one template (conf/byte-model's
+//! chat_template.jinja):
+//!
+//! ```text
+//! tools\n<name>: <description>\n ...       (if there are tools)
+//! <role>\n<text>\n                          (each turn)
+//!   call <name>\n<key>: <value>\n ...       (each of its tool calls: its
+//!                                           string arguments, keys sorted
+//!                                           as Jinja's dictsort sorts them)
+//! ```
 
 use serde_json::Value;
 
@@ -17,6 +26,7 @@ use crate::tokenize::PromptError;
 pub struct Turn {
     pub role: String,
     pub text: String,
+    pub calls: Vec<Call>,
 }
 
 impl Turn {
@@ -24,26 +34,103 @@ impl Turn {
         Turn {
             role: role.into(),
             text: text.into(),
+            calls: Vec::new(),
         }
     }
 }
 
-/// The simulator's chat template: `<role>\n<text>\n` for each turn.
-pub fn render(turns: &[Turn]) -> String {
-    let mut out =
-        String::with_capacity(turns.iter().map(|t| t.role.len() + t.text.len() + 2).sum());
+/// A tool call as the template shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Call {
+    pub name: String,
+    /// The string arguments, by key.
+    pub args: Vec<(String, String)>,
+}
+
+impl Call {
+    /// A call of `name` with `arguments`: an object, or (as chat and
+    /// Responses send them) a JSON text of one; anything else is none, as
+    /// vLLM makes it.
+    pub fn new(name: &str, arguments: Option<&Value>) -> Call {
+        let parsed;
+        let object = match arguments {
+            Some(Value::String(text)) => {
+                parsed = serde_json::from_str::<Value>(text).ok();
+                parsed.as_ref().and_then(Value::as_object)
+            }
+            Some(v) => v.as_object(),
+            None => None,
+        };
+        let mut args: Vec<(String, String)> = object
+            .into_iter()
+            .flatten()
+            .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+            .collect();
+        args.sort_by_key(|(k, _)| k.to_lowercase());
+        Call {
+            name: name.to_string(),
+            args,
+        }
+    }
+}
+
+/// A tool as the template shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tool {
+    pub name: String,
+    pub description: Option<String>,
+}
+
+impl Tool {
+    /// The tool whose name and description are `name` and `description`
+    /// of `v`.
+    pub fn of(v: &Value, name: &str) -> Tool {
+        Tool {
+            name: name.to_string(),
+            description: v
+                .get("description")
+                .and_then(Value::as_str)
+                .map(str::to_string),
+        }
+    }
+}
+
+/// The simulator's chat template.
+pub fn render(tools: &[Tool], turns: &[Turn]) -> String {
+    let mut out = String::new();
+    if !tools.is_empty() {
+        out.push_str("tools\n");
+        for t in tools {
+            out.push_str(&t.name);
+            out.push_str(": ");
+            // Python prints None.
+            out.push_str(t.description.as_deref().unwrap_or("None"));
+            out.push('\n');
+        }
+    }
     for t in turns {
         out.push_str(&t.role);
         out.push('\n');
         out.push_str(&t.text);
         out.push('\n');
+        for c in &t.calls {
+            out.push_str("call ");
+            out.push_str(&c.name);
+            out.push('\n');
+            for (k, v) in &c.args {
+                out.push_str(k);
+                out.push_str(": ");
+                out.push_str(v);
+                out.push('\n');
+            }
+        }
     }
     out
 }
 
 /// Text of a message `content`: a string, or the `text` of each part of an
-/// array joined with nothing (images and other parts have no text here);
-/// `None` for any other JSON type.
+/// array joined with "\n", as vLLM joins them (images and other parts
+/// have no text here); `None` for any other JSON type.
 pub fn content_text(content: Option<&Value>) -> Option<String> {
     match content {
         None | Some(Value::Null) => Some(String::new()),
@@ -52,10 +139,24 @@ pub fn content_text(content: Option<&Value>) -> Option<String> {
             parts
                 .iter()
                 .filter_map(|p| p.get("text").and_then(Value::as_str))
-                .collect(),
+                .collect::<Vec<_>>()
+                .join("\n"),
         ),
         Some(_) => None,
     }
+}
+
+/// The tools of a chat request, as vLLM hands them to the template.
+pub fn chat_tools(body: &Value) -> Vec<Tool> {
+    let tools = body.get("tools").and_then(Value::as_array);
+    tools
+        .into_iter()
+        .flatten()
+        .filter_map(|t| {
+            let f = t.get("function")?;
+            Some(Tool::of(f, f.get("name")?.as_str()?))
+        })
+        .collect()
 }
 
 /// Turns of a chat request's `messages`.
@@ -75,14 +176,21 @@ pub fn chat_turns(body: &Value) -> Result<Vec<Turn>, PromptError> {
             let text = content_text(m.get("content")).ok_or_else(|| {
                 PromptError("message 'content' must be a string or an array".into())
             })?;
-            Ok(Turn::new(role, text))
+            let mut turn = Turn::new(role, text);
+            let calls = m.get("tool_calls").and_then(Value::as_array);
+            for call in calls.into_iter().flatten() {
+                let f = call.get("function").unwrap_or(&Value::Null);
+                let name = f.get("name").and_then(Value::as_str).unwrap_or_default();
+                turn.calls.push(Call::new(name, f.get("arguments")));
+            }
+            Ok(turn)
         })
         .collect()
 }
 
 /// Prompt text of a chat request.
 pub fn chat_prompt(body: &Value) -> Result<String, PromptError> {
-    chat_turns(body).map(|t| render(&t))
+    chat_turns(body).map(|t| render(&chat_tools(body), &t))
 }
 
 #[cfg(test)]
@@ -98,11 +206,27 @@ mod tests {
         ]});
         assert_eq!(
             chat_prompt(&body).unwrap(),
-            "system\nbe brief\nuser\nhi there\n"
+            "system\nbe brief\nuser\nhi \nthere\n"
         );
         assert!(chat_prompt(&json!({"messages": []})).is_err());
         assert!(chat_prompt(&json!({})).is_err());
         assert!(chat_prompt(&json!({"messages": [{"role": "user", "content": 3}]})).is_err());
+    }
+
+    #[test]
+    fn tools_and_tool_calls_render_as_the_byte_models_template() {
+        let body = json!({"tools": [{"type": "function", "function": {"name": "read", "parameters": {}}}],
+            "messages": [
+                {"role": "user", "content": "q"},
+                {"role": "assistant", "content": null, "tool_calls": [{"id": "c", "type": "function",
+                    "function": {"name": "read", "arguments": "{\"path\": \"a\", \"n\": 1, \"B\": \"x\"}"}}]},
+                {"role": "tool", "tool_call_id": "c", "content": "r"}]});
+        // As transformers renders conf/byte-model's template (make_model.py
+        // checks the same).
+        assert_eq!(
+            chat_prompt(&body).unwrap(),
+            "tools\nread: None\nuser\nq\nassistant\n\ncall read\nB: x\npath: a\ntool\nr\n"
+        );
     }
 
     /// One conversation sent through each API in turn: every request after

@@ -472,7 +472,7 @@ mod tests {
         sim.post("/v1/chat/completions", &chat(&turns, "sim-model"))
             .await;
         // 131 bytes: 8 full blocks of 16 bytes (4 tokens of 4 bytes).
-        let first = render(&turns);
+        let first = render(&[], &turns);
         assert_eq!(first.len(), 131);
         let m = next(&mut sub).await;
         assert_eq!(m.len(), 3);
@@ -503,7 +503,7 @@ mod tests {
         turns.push(Turn::new("user", "and a second question, please"));
         sim.post("/v1/chat/completions", &chat(&turns, "sim-model"))
             .await;
-        let second = render(&turns);
+        let second = render(&[], &turns);
         let all = block_hashes(0, &second, 4);
         let m = next(&mut sub).await;
         assert_eq!(seq(&m[1]), 1);

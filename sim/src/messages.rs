@@ -25,7 +25,7 @@ use serde_json::Value;
 use crate::app::App;
 use crate::common::{self, ApiError, Body};
 use crate::completions::{self, add_cached_header, output_text, TOKEN_TEXT};
-use crate::conversation::{render, Turn};
+use crate::conversation::{render, Call, Tool, Turn};
 use crate::engine::{self, Job};
 use crate::lora::Served;
 use crate::messages_shapes::{
@@ -98,7 +98,7 @@ pub async fn count_tokens(app: &App, req: Request<Incoming>) -> Response<Body> {
         Ok(t) => t,
         Err(e) => return anthropic(e),
     };
-    let n = tokens_of(&render(&turns));
+    let n = tokens_of(&render(&tools(&v), &turns));
     common::json(
         StatusCode::OK,
         &CountTokens {
@@ -228,7 +228,7 @@ async fn read(req: Request<Incoming>, needs_max_tokens: bool) -> Result<Value, A
 /// the prompt and the output budget against the context.
 async fn prepare(app: &App, v: &Value) -> Result<(Served, String, usize), ApiError> {
     let served = completions::check_model(app, v).await?;
-    let prompt = render(&conversation(v)?);
+    let prompt = prompt(v)?;
     let output_tokens =
         completions::output_budget(app, v, &["max_tokens"]).map_err(ApiError::bad_request)?;
     completions::check_context(app, tokens_of(&prompt), output_tokens)?;
@@ -239,8 +239,8 @@ async fn prepare(app: &App, v: &Value) -> Result<(Served, String, usize), ApiErr
 /// (`to_chat_completion_request`): the top-level `system` as one system
 /// turn, then each message in order. In a user message each `tool_result`
 /// becomes a `tool` turn ahead of the message's own text, and a user
-/// message with no text left is dropped; `tool_use` blocks add their input
-/// JSON to the assistant's text.
+/// message with no text left is dropped; `tool_use` blocks are the
+/// assistant's tool calls. Text blocks are joined with "\n".
 fn conversation(v: &Value) -> Result<Vec<Turn>, ApiError> {
     let mut turns = Vec::new();
     let system = system_text(v.get("system"))?;
@@ -263,27 +263,40 @@ fn conversation(v: &Value) -> Result<Vec<Turn>, ApiError> {
             }
             continue;
         }
-        let (text, has_content) = match m.get("content") {
-            Some(Value::String(s)) => (s.clone(), true),
-            Some(Value::Array(blocks)) => blocks_text(role, blocks, &mut turns),
+        let turn = match m.get("content") {
+            Some(Value::String(s)) => Some(Turn::new(role, s.clone())),
+            Some(Value::Array(blocks)) => blocks_turn(role, blocks, &mut turns),
             _ => {
                 return Err(ApiError::bad_request(
                     "message 'content' must be a string or an array".into(),
                 ))
             }
         };
-        if has_content || role != "user" {
-            turns.push(Turn::new(role, text));
-        }
+        turns.extend(turn);
     }
     Ok(turns)
 }
 
-/// The text of a message's blocks, and whether it has any; `tool_result`s
-/// of a user message go to `turns` first.
-fn blocks_text(role: &str, blocks: &[Value], turns: &mut Vec<Turn>) -> (String, bool) {
-    let mut text = String::new();
-    let mut has = false;
+/// The tools of a Messages request.
+fn tools(v: &Value) -> Vec<Tool> {
+    let tools = v.get("tools").and_then(Value::as_array);
+    tools
+        .into_iter()
+        .flatten()
+        .filter_map(|t| Some(Tool::of(t, t.get("name")?.as_str()?)))
+        .collect()
+}
+
+/// The prompt of a Messages request.
+fn prompt(v: &Value) -> Result<String, ApiError> {
+    Ok(render(&tools(v), &conversation(v)?))
+}
+
+/// A message of blocks as a turn (`None`: a user message left with no
+/// text); `tool_result`s of a user message go to `turns` first.
+fn blocks_turn(role: &str, blocks: &[Value], turns: &mut Vec<Turn>) -> Option<Turn> {
+    let mut parts = Vec::new();
+    let mut calls = Vec::new();
     for b in blocks {
         match b.get("type").and_then(Value::as_str) {
             Some("text") => {
@@ -292,28 +305,30 @@ fn blocks_text(role: &str, blocks: &[Value], turns: &mut Vec<Turn>) -> (String, 
                     .and_then(Value::as_str)
                     .filter(|t| !t.is_empty())
                 {
-                    text.push_str(t);
-                    has = true;
+                    parts.push(t.to_string());
                 }
             }
             Some("tool_use") => {
-                text.push_str(&b.get("input").unwrap_or(&Value::Null).to_string());
-                has = true;
+                let name = b.get("name").and_then(Value::as_str).unwrap_or_default();
+                calls.push(Call::new(name, b.get("input")));
             }
             Some("tool_result") => {
                 let result = tool_result_text(b.get("content"));
                 if role == "user" {
                     turns.push(Turn::new("tool", result));
                 } else {
-                    text.push_str("Tool result: ");
-                    text.push_str(&result);
-                    has = true;
+                    parts.push(format!("Tool result: {result}"));
                 }
             }
             _ => {}
         }
     }
-    (text, has)
+    if parts.is_empty() && role == "user" {
+        return None;
+    }
+    let mut turn = Turn::new(role, parts.join("\n"));
+    turn.calls = calls;
+    Some(turn)
 }
 
 /// A `tool_result`'s content: a string, or its text items joined by "\n".
@@ -362,23 +377,26 @@ mod tests {
             "system": [{"type": "text", "text": "x-anthropic-billing-header: 1234"}, {"type": "text", "text": "be "}, {"type": "text", "text": "brief"}],
             "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": [{"type": "text", "text": "yo"}]}]});
         let chat = json!({"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]});
-        assert_eq!(
-            render(&conversation(&messages).unwrap()),
-            chat_prompt(&chat).unwrap()
-        );
+        assert_eq!(prompt(&messages).unwrap(), chat_prompt(&chat).unwrap());
     }
 
     #[test]
     fn tool_results_come_before_the_users_text() {
         let v = json!({"messages": [
-            {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {"a": 1}}]},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {"b": "x", "a": 1, "A": "y"}}]},
             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [{"type": "text", "text": "4"}, {"type": "text", "text": "2"}]}, {"type": "text", "text": "so?"}]},
             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "only"}]}
         ]});
         assert_eq!(
             conversation(&v).unwrap(),
             vec![
-                Turn::new("assistant", r#"{"a":1}"#),
+                Turn {
+                    calls: vec![Call {
+                        name: "f".into(),
+                        args: vec![("A".into(), "y".into()), ("b".into(), "x".into())],
+                    }],
+                    ..Turn::new("assistant", "")
+                },
                 Turn::new("tool", "4\n2"),
                 Turn::new("user", "so?"),
                 Turn::new("tool", "only"),

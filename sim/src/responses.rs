@@ -23,7 +23,7 @@ use serde_json::Value;
 use crate::app::{unix_now, App};
 use crate::common::{self, ApiError, Body};
 use crate::completions::{self, add_cached_header, output_text, TOKEN_TEXT};
-use crate::conversation::{content_text, render, Turn};
+use crate::conversation::{content_text, render, Call, Tool, Turn};
 use crate::engine::{self, Job};
 use crate::lora::Served;
 use crate::responses_shapes::{
@@ -316,7 +316,7 @@ async fn parse(app: &App, body: &[u8]) -> Result<Parsed, ApiError> {
         }
     };
     let turns = conversation(&v, previous.as_ref())?;
-    let prompt = render(&turns);
+    let prompt = render(&tools(&v), &turns);
     let prompt_tokens = count_tokens(&prompt);
     if prompt_tokens >= app.max_model_len {
         return Err(ApiError::invalid_request(
@@ -363,10 +363,9 @@ fn conversation(v: &Value, previous: Option<&Stored>) -> Result<Vec<Turn>, ApiEr
     match v.get("input") {
         Some(Value::String(s)) => turns.push(Turn::new("user", s.clone())),
         Some(Value::Array(items)) => {
+            let mut open = Open::default();
             for item in items {
-                if let Some(t) = item_turn(item)? {
-                    turns.push(t);
-                }
+                add_item(&mut turns, &mut open, item)?;
             }
         }
         _ => {
@@ -378,27 +377,114 @@ fn conversation(v: &Value, previous: Option<&Stored>) -> Result<Vec<Turn>, ApiEr
     Ok(turns)
 }
 
-/// One input item as a turn: messages (`{"role","content"}`, typed
-/// `message` or not) by role; a function call as the assistant's
-/// arguments, its output as a `tool` turn. Reasoning and other items add
-/// no text.
-fn item_turn(item: &Value) -> Result<Option<Turn>, ApiError> {
+/// What the last turn, an assistant one made of items, has not been given
+/// yet: later items fill it in before a new turn is made (vLLM's
+/// `_construct_message_from_response_item`).
+#[derive(Default)]
+struct Open {
+    assistant: bool,
+    content: bool,
+    reasoning: bool,
+}
+
+/// One input item as vLLM adds it to the chat: a function call as a tool
+/// call of the assistant turn before it (or of one of its own), its output
+/// as a `tool` turn, a reasoning item as the reasoning of the assistant
+/// turn before it (or an empty turn of its own), an assistant message as
+/// that turn's text if it has none, other messages by role.
+fn add_item(turns: &mut Vec<Turn>, open: &mut Open, item: &Value) -> Result<(), ApiError> {
     let kind = item.get("type").and_then(Value::as_str);
     let text = |k: &str| item.get(k).and_then(Value::as_str).unwrap_or_default();
-    Ok(match kind {
-        Some("function_call") => Some(Turn::new("assistant", text("arguments"))),
-        Some("function_call_output") => Some(Turn::new("tool", text("output"))),
+    let assistant = |turns: &mut Vec<Turn>, open: &mut Open, fill: fn(&mut Open) -> bool| {
+        if !(open.assistant && fill(open)) {
+            turns.push(Turn::new("assistant", ""));
+            *open = Open {
+                assistant: true,
+                ..Open::default()
+            };
+            fill(open);
+        }
+    };
+    match kind {
+        Some("function_call" | "custom_tool_call") => {
+            let name = match item.get("namespace").and_then(Value::as_str) {
+                Some(space) if kind == Some("function_call") => {
+                    format!("{space}__{}", text("name"))
+                }
+                _ => text("name").to_string(),
+            };
+            let call = match kind {
+                Some("custom_tool_call") => {
+                    Call::new(&name, Some(&serde_json::json!({"input": text("input")})))
+                }
+                _ => Call::new(&name, item.get("arguments")),
+            };
+            assistant(turns, open, |_| true);
+            turns
+                .last_mut()
+                .expect("an assistant turn")
+                .calls
+                .push(call);
+        }
+        Some("function_call_output" | "custom_tool_call_output") => {
+            let output = content_text(item.get("output")).unwrap_or_default();
+            turns.push(Turn::new("tool", output));
+            *open = Open::default();
+        }
+        Some("reasoning") => assistant(turns, open, |o| !std::mem::replace(&mut o.reasoning, true)),
         None | Some("message") => {
             let role = item.get("role").and_then(Value::as_str).ok_or_else(|| {
                 ApiError::bad_request("each input message needs a string 'role'".into())
             })?;
-            let content = content_text(item.get("content")).ok_or_else(|| {
+            let content = match (role, item.get("content")) {
+                // vLLM keeps an assistant message's first part only.
+                ("assistant", Some(Value::Array(parts))) => {
+                    content_text(parts.first().map(|p| &p["text"]))
+                }
+                (_, content) => content_text(content),
+            };
+            let content = content.ok_or_else(|| {
                 ApiError::bad_request("input message 'content' must be a string or an array".into())
             })?;
-            Some(Turn::new(role, content))
+            if role == "assistant" {
+                assistant(turns, open, |o| !std::mem::replace(&mut o.content, true));
+                turns.last_mut().expect("an assistant turn").text = content;
+            } else {
+                turns.push(Turn::new(role, content));
+                *open = Open::default();
+            }
         }
-        Some(_) => None,
-    })
+        Some(_) => {}
+    }
+    Ok(())
+}
+
+/// The tools of a Responses request as vLLM shows them: function tools, a
+/// namespace's functions as `<namespace>__<name>`, custom tools; no other.
+fn tools(v: &Value) -> Vec<Tool> {
+    let mut out = Vec::new();
+    for t in v
+        .get("tools")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let name = t.get("name").and_then(Value::as_str).unwrap_or_default();
+        match t.get("type").and_then(Value::as_str) {
+            Some("function" | "custom") => out.push(Tool::of(t, name)),
+            Some("namespace") => {
+                let inner = t.get("tools").and_then(Value::as_array);
+                for f in inner.into_iter().flatten() {
+                    if f.get("type").and_then(Value::as_str) == Some("function") {
+                        let own = f.get("name").and_then(Value::as_str).unwrap_or_default();
+                        out.push(Tool::of(f, &format!("{name}__{own}")));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -443,8 +529,14 @@ mod tests {
                 Turn::new("user", "q1"),
                 Turn::new("assistant", " tok tok"),
                 Turn::new("user", "q2"),
-                Turn::new("assistant", "{}"),
+                Turn {
+                    calls: vec![Call::new("f", None)],
+                    ..Turn::new("assistant", "")
+                },
                 Turn::new("tool", "42"),
+                // vLLM's message of its own for reasoning after a tool's
+                // output.
+                Turn::new("assistant", ""),
             ]
         );
         assert!(conversation(&json!({"input": 3}), None).is_err());

@@ -22,6 +22,7 @@ mod entries;
 mod health_check;
 mod listen;
 mod models;
+mod render;
 mod routing;
 mod scheduler;
 mod stored_responses;
@@ -45,6 +46,7 @@ pub use discovery::DiscoveryConfig;
 pub use health_check::HealthCheckConfig;
 pub use listen::ListenerConfig;
 pub use models::{is_model_name, ModelConfig};
+pub use render::RenderConfig;
 pub use scheduler::Overflow;
 pub use stored_responses::StoredResponsesConfig;
 pub use tenants::TenantsConfig;
@@ -75,6 +77,7 @@ pub struct GatewayConfig {
     /// `scheduler.load_feedback`: ask backends for their load reports.
     pub load_feedback: bool,
     pub warmup: WarmupConfig,
+    pub render: RenderConfig,
     pub discovery: DiscoveryConfig,
     pub stored_responses: StoredResponsesConfig,
     pub tenants: TenantsConfig,
@@ -152,6 +155,10 @@ struct GatewayFile {
     routing: routing::RoutingFile,
     #[serde(default)]
     warmup: warmup::WarmupFile,
+    /// The threads that render and tokenize prompts (models with
+    /// `kv_events`).
+    #[serde(default)]
+    render: render::RenderFile,
     /// How backends given by DNS name are resolved.
     #[serde(default)]
     discovery: discovery::DiscoveryFile,
@@ -294,6 +301,7 @@ fn validate(file: GatewayFile) -> Result<GatewayConfig, Invalid> {
         overflow: file.scheduler.overflow,
         load_feedback: file.scheduler.load_feedback,
         warmup: warmup::validate(file.warmup)?,
+        render: render::validate(file.render)?,
         discovery: discovery::validate(file.discovery)?,
         stored_responses: stored_responses::validate(file.stored_responses)?,
         tenants,

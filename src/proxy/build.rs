@@ -19,6 +19,7 @@ use crate::config::{GatewayConfig, JwksSource};
 use crate::discovery::{AtStart, Discovery};
 use crate::metrics;
 use crate::pool::{ModelPool, Refresh, Subscribe};
+use crate::render::Workers;
 use crate::routing::{owners, Owners};
 use crate::tenants::Tenants;
 use crate::tls;
@@ -78,7 +79,18 @@ impl Gateway {
             upstream::authorization(config.upstream_api_key.as_deref()),
             config.queue_timeout,
         );
+        // Threads only where a model's events need its prompts' tokens.
+        let r = config.render;
+        let exact = pools
+            .values()
+            .any(|p| p.routing.policy().renders().is_some());
+        let renders = Workers::start(
+            if exact { r.threads } else { 0 },
+            r.queue,
+            r.max_prompt_bytes,
+        );
         let gateway = Gateway {
+            renders,
             traces,
             config: Arc::new(config),
             pools,

@@ -99,6 +99,8 @@ pub struct Gateway {
     traces: Option<Traces>,
     /// Unix time of start, the `created` of `/v1/models` entries.
     started: u64,
+    /// Renders and tokenizes prompts for the models with KV-cache events.
+    renders: crate::render::Workers,
 }
 
 impl Gateway {

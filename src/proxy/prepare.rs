@@ -101,7 +101,16 @@ impl Gateway {
             })
             .flatten()
             .map(|id| id.into_owned());
-        let mut chain = pool.routing.policy().chain(api, &facts.prompt, &raw);
+        let policy = pool.routing.policy();
+        let tokens = match policy.renders() {
+            Some(renderer) => Some(
+                self.renders
+                    .tokens(renderer.clone(), api, raw.clone())
+                    .await,
+            ),
+            None => None,
+        };
+        let mut chain = policy.chain(api, &facts.prompt, tokens);
         if let Some(rendered) = chain.rendered {
             let result = rendered.map_or_else(|why| why.as_str(), |()| "rendered");
             crate::metrics::PROMPTS_RENDERED

@@ -48,6 +48,9 @@ mod pieces;
 mod python;
 mod responses;
 mod tools;
+mod workers;
+
+pub use workers::Workers;
 
 /// Why a request's prompt was not rendered: its routing then estimates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,6 +71,10 @@ pub enum Unrendered {
     Unsupported,
     /// The body is not what the API takes, or the template failed.
     Failed,
+    /// Every render thread and queue place was taken.
+    Busy,
+    /// The body is larger than `render.max_prompt_bytes`.
+    TooLong,
 }
 
 impl Unrendered {
@@ -80,6 +87,8 @@ impl Unrendered {
             Unrendered::Stored => "stored",
             Unrendered::Unsupported => "unsupported",
             Unrendered::Failed => "failed",
+            Unrendered::Busy => "busy",
+            Unrendered::TooLong => "too_long",
         }
     }
 }

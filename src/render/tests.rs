@@ -3,7 +3,7 @@ use super::*;
 /// The byte-level tokenizer and template of `bench/vllm-real`'s tiny
 /// model (one token per byte, `role\ncontent\n` per message), the files
 /// vLLM served when `tests/data/kv_events/tokenize.json` was recorded.
-fn byte_model() -> Renderer {
+pub(super) fn byte_model() -> Renderer {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("conf/byte-model");
     Renderer::load(&dir).unwrap()
 }
@@ -264,4 +264,34 @@ fn pieces_are_kept_only_where_the_tokenizer_splits_them_apart() {
     assert!(pieces::Pieces::new()
         .encode(&byte_model().tokenizer, "user\nhi\n")
         .is_none());
+}
+
+#[test]
+fn tools_and_tool_calls_render_alike_through_every_api() {
+    // The byte model's template shows tools and tool calls as vllm-sim
+    // renders them (sim/src/conversation.rs).
+    let r = byte_model();
+    let want = "tools\nread: None\nuser\nq\nassistant\n\ncall read\nB: x\npath: a\ntool\nr\n";
+    let chat = br#"{"tools": [{"type": "function", "function": {"name": "read", "parameters": {}}}],
+        "messages": [{"role": "user", "content": "q"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "c", "type": "function",
+                "function": {"name": "read", "arguments": "{\"path\": \"a\", \"n\": 1, \"B\": \"x\"}"}}]},
+            {"role": "tool", "tool_call_id": "c", "content": "r"}]}"#;
+    let messages = br#"{"tools": [{"name": "read", "input_schema": {}}],
+        "messages": [{"role": "user", "content": "q"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "c", "name": "read", "input": {"path": "a", "n": 1, "B": "x"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "c", "content": "r"}]}]}"#;
+    let responses = br#"{"tools": [{"type": "function", "name": "read", "parameters": {}}, {"type": "web_search"}],
+        "input": [{"role": "user", "content": "q"},
+            {"type": "function_call", "call_id": "c", "name": "read", "arguments": "{\"path\": \"a\", \"n\": 1, \"B\": \"x\"}"},
+            {"type": "function_call_output", "call_id": "c", "output": "r"}]}"#;
+    for (api, body) in [
+        (Api::ChatCompletions, &chat[..]),
+        (Api::Messages, &messages[..]),
+        (Api::Responses, &responses[..]),
+    ] {
+        let ids = r.tokens(api, body).unwrap();
+        let text = String::from_utf8(ids.iter().map(|&i| i as u8).collect()).unwrap();
+        assert_eq!(text, want, "{api:?}");
+    }
 }

@@ -276,17 +276,29 @@ impl Policy {
         }
     }
 
+    /// Whether the chain of a request's prompt is of its token ids (the
+    /// model's events keep the index): its body is then rendered first.
+    pub fn renders(&self) -> Option<&std::sync::Arc<crate::render::Renderer>> {
+        self.prefix_index?;
+        self.exact.as_ref().map(|e| &e.renderer)
+    }
+
     /// The chain of a request's prompt, when an index is kept: of its
-    /// token ids when the model's events keep the index (`None`, if the
-    /// prompt could not be rendered: then of its text), else of its text.
-    pub fn chain(&self, api: Api, prompt: &Prompt, body: &[u8]) -> Chain {
+    /// token ids, `tokens`, when the model's events keep the index (if the
+    /// prompt was not rendered: of its text), else of its text.
+    pub fn chain(
+        &self,
+        api: Api,
+        prompt: &Prompt,
+        tokens: Option<Result<Vec<u32>, crate::render::Unrendered>>,
+    ) -> Chain {
         if self.prefix_index.is_none() {
             return Chain::default();
         }
-        let Some(exact) = &self.exact else {
+        let (Some(exact), Some(tokens)) = (&self.exact, tokens) else {
             return Chain::of_text(chain::of_prompt(api, prompt));
         };
-        match exact.renderer.tokens(api, body) {
+        match tokens {
             Ok(ids) => Chain {
                 links: chain::of_tokens(&ids, exact.endpoints.block_size),
                 block_tokens: exact.endpoints.block_size as u64,

@@ -483,11 +483,11 @@ mod tests {
         let body = serde_json::json!({"model": "m", "messages": messages}).to_string();
         let key = (!key.is_empty()).then(|| HeaderValue::from_static(key));
         let api = Api::ChatCompletions;
-        let chain = routing.policy.chain(
-            api,
-            &crate::body::prompt_of(body.as_bytes()),
-            body.as_bytes(),
-        );
+        let tokens = routing
+            .policy
+            .renders()
+            .map(|r| r.tokens(api, body.as_bytes()));
+        let chain = (routing.policy).chain(api, &crate::body::prompt_of(body.as_bytes()), tokens);
         routing
             .input(key, false, api, &crate::body::prompt_of(body.as_bytes()))
             .with_chain(chain)
@@ -535,7 +535,12 @@ mod tests {
             .collect();
         let body = serde_json::json!({"model": "m", "messages": messages}).to_string();
         let prompt = crate::body::prompt_of(body.as_bytes());
-        let chain = (routing.policy).chain(Api::ChatCompletions, &prompt, body.as_bytes());
+        let api = Api::ChatCompletions;
+        let tokens = routing
+            .policy
+            .renders()
+            .map(|r| r.tokens(api, body.as_bytes()));
+        let chain = (routing.policy).chain(api, &prompt, tokens);
         let input = routing.input(None, false, Api::ChatCompletions, &prompt);
         input.with_chain(chain)
     }

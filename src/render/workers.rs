@@ -1,0 +1,142 @@
+//! Rendering and tokenizing off the proxy's threads. A Pingora worker
+//! thread runs many connections; a prompt tokenized on it (a new 64 KB
+//! conversation takes milliseconds) would hold every other one. A few
+//! threads of their own take prompts from a bounded queue instead, and a
+//! request awaits its own prompt only. When the queue is full, or a body
+//! is larger than a set size, the request is routed by the estimate of its
+//! text at once ([`Unrendered::Busy`], [`Unrendered::TooLong`]): nothing
+//! waits without bound.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use tokio::sync::oneshot;
+
+use super::{Renderer, Unrendered};
+use crate::api::Api;
+
+type Job = Box<dyn FnOnce() + Send>;
+
+pub struct Workers {
+    jobs: SyncSender<Job>,
+    max_bytes: usize,
+}
+
+/// Every thread and queue place is taken.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Busy;
+
+impl Workers {
+    /// `threads` threads, at most `queue` jobs waiting for them, bodies of
+    /// at most `max_bytes` rendered. Without threads, every job is refused.
+    pub fn start(threads: usize, queue: usize, max_bytes: usize) -> Workers {
+        let queue = if threads == 0 { 0 } else { queue };
+        let (jobs, waiting) = sync_channel::<Job>(queue);
+        let waiting = Arc::new(Mutex::new(waiting));
+        for i in 0..threads {
+            let waiting = waiting.clone();
+            std::thread::Builder::new()
+                .name(format!("poimen-render-{i}"))
+                .spawn(move || work(&waiting))
+                .expect("a render thread starts");
+        }
+        Workers { jobs, max_bytes }
+    }
+
+    /// The token ids of the prompt of a request of `api` with `body`.
+    pub async fn tokens(
+        &self,
+        renderer: Arc<Renderer>,
+        api: Api,
+        body: Bytes,
+    ) -> Result<Vec<u32>, Unrendered> {
+        if body.len() > self.max_bytes {
+            return Err(Unrendered::TooLong);
+        }
+        let done = self
+            .run(move || renderer.tokens(api, &body))
+            .map_err(|Busy| Unrendered::Busy)?;
+        // A render that panicked drops its sender.
+        done.await.unwrap_or(Err(Unrendered::Failed))
+    }
+
+    /// Run `f` on a thread of the pool, if one is free or a queue place is.
+    pub fn run<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<oneshot::Receiver<T>, Busy> {
+        let (done, result) = oneshot::channel();
+        let job: Job = Box::new(move || {
+            if let Ok(value) = catch_unwind(AssertUnwindSafe(f)) {
+                let _ = done.send(value);
+            }
+        });
+        self.jobs.try_send(job).map_err(|_| Busy)?;
+        Ok(result)
+    }
+}
+
+/// Take jobs until the pool is dropped. One thread at a time waits on the
+/// queue (holding the lock); the others wait for the lock.
+fn work(waiting: &Mutex<Receiver<Job>>) {
+    loop {
+        let job = match waiting.lock().map(|queue| queue.recv()) {
+            Ok(Ok(job)) => job,
+            _ => return,
+        };
+        job();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Barrier;
+
+    #[tokio::test]
+    async fn a_full_pool_refuses_at_once_and_takes_work_again_when_free() {
+        let pool = Workers::start(1, 1, 1 << 20);
+        let (started, release) = (Arc::new(Barrier::new(2)), Arc::new(Barrier::new(2)));
+        let (s, r) = (started.clone(), release.clone());
+        let running = pool
+            .run(move || {
+                s.wait();
+                r.wait();
+                1
+            })
+            .unwrap();
+        started.wait();
+        // The thread is busy: one job may wait, the next is refused.
+        let queued = pool.run(|| 2).unwrap();
+        assert_eq!(pool.run(|| 3).err(), Some(Busy));
+        release.wait();
+        assert_eq!(running.await, Ok(1));
+        assert_eq!(queued.await, Ok(2));
+        assert_eq!(pool.run(|| 4).unwrap().await, Ok(4));
+    }
+
+    #[tokio::test]
+    async fn a_panic_fails_its_own_job_only() {
+        let pool = Workers::start(1, 1, 1 << 20);
+        let panicked = pool.run(|| -> u32 { panic!("a template bug") });
+        assert!(panicked.unwrap().await.is_err());
+        let mut next = pool.run(|| 5);
+        // The thread may still be unwinding: wait for it to take work.
+        while next.is_err() {
+            tokio::task::yield_now().await;
+            next = pool.run(|| 5);
+        }
+        assert_eq!(next.unwrap().await, Ok(5));
+    }
+
+    #[tokio::test]
+    async fn a_body_over_the_limit_is_not_rendered() {
+        let pool = Workers::start(1, 1, 8);
+        let renderer = Arc::new(super::super::tests::byte_model());
+        let body = Bytes::from_static(br#"{"messages":[{"role":"user","content":"hi"}]}"#);
+        let tokens = pool.tokens(renderer, Api::ChatCompletions, body).await;
+        assert_eq!(tokens, Err(Unrendered::TooLong));
+    }
+}
