@@ -40,6 +40,8 @@ pub(super) struct Message {
     pub tool_calls: Option<Vec<Value>>,
     pub tool_call_id: Option<String>,
     pub reasoning: Option<String>,
+    /// The old name of `reasoning`, taken when it is not set.
+    pub reasoning_content: Option<String>,
 }
 
 /// A message as the template sees it: its role and text, then the other
@@ -81,6 +83,8 @@ pub(super) struct TypedPart {
     pub text: Option<String>,
     pub thinking: Option<String>,
     pub refusal: Option<String>,
+    /// A tool reference's tool.
+    pub name: Option<String>,
 }
 
 impl Message {
@@ -113,7 +117,7 @@ impl Message {
                 if let Some(calls) = self.tool_calls.filter(|c| !c.is_empty()) {
                     fields.push(("tool_calls", Value::from(calls)));
                 }
-                if let Some(r) = self.reasoning {
+                if let Some(r) = self.reasoning.or(self.reasoning_content) {
                     fields.push(("reasoning", Value::from(r.as_str())));
                     fields.push(("reasoning_content", Value::from(r)));
                 }
@@ -151,7 +155,8 @@ impl Part {
             "refusal" => Ok(p.refusal),
             "input_text" | "output_text" => p.text.map(Some).ok_or(Unrendered::Failed),
             "thinking" => p.thinking.map(Some).ok_or(Unrendered::Failed),
-            "tool_reference" => Err(Unrendered::Tools),
+            // The tool's name, for the template to expand.
+            "tool_reference" => p.name.map(Some).ok_or(Unrendered::Failed),
             _ => Err(Unrendered::NotText),
         }
     }

@@ -15,11 +15,14 @@
 //! tool_result in a user turn -> a tool message (its text blocks joined with
 //!     "\n") before the user message of the turn's other blocks
 //! tools -> tools (`tools.rs`)
+//! tool_reference in a tool result -> the tools' names, in a tool message
+//!     after the result's
+//! tool_addition, tool_removal blocks -> the tools in effect at the end
 //! ```
 //!
-//! Not rendered: images, a tool result of images or tool references, tools
-//! added or removed by blocks, a tool use without an id (vLLM makes one of
-//! the clock).
+//! Not rendered: images, a tool result in an assistant turn of a list
+//! (vLLM writes Python's repr of it), a tool use without an id (vLLM makes
+//! one of the clock).
 
 use minijinja::Value;
 use serde::de::IgnoredAny;
@@ -65,6 +68,8 @@ struct Block {
     input: Option<Value>,
     tool_use_id: Option<String>,
     content: Option<ResultContent>,
+    /// A tool added or removed.
+    tool: Option<Value>,
 }
 
 /// A tool result's content.
@@ -80,6 +85,8 @@ struct ResultItem {
     #[serde(rename = "type")]
     kind: Option<String>,
     text: Option<String>,
+    tool_name: Option<String>,
+    name: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -107,10 +114,17 @@ pub(super) fn conversation(body: &[u8], probed: &Probed) -> Result<Conversation,
     if body.cache_salt.is_some() {
         return Err(Unrendered::Salted);
     }
-    let tools = body
-        .tools
-        .map(|list| list.iter().map(tools::messages_tool).collect())
-        .transpose()?;
+    let tools = match body.tools {
+        Some(list) => {
+            let list = with_changes(list, &body.messages)?;
+            Some(
+                list.iter()
+                    .map(tools::messages_tool)
+                    .collect::<Result<_, _>>()?,
+            )
+        }
+        None => None,
+    };
     let mut system: Vec<String> = match body.system {
         None => Vec::new(),
         Some(Blocks::Text(t)) => vec![t],
@@ -213,9 +227,15 @@ fn add(messages: &mut Vec<Message>, turn: Turn) -> Result<(), Unrendered> {
                 calls.push(tools::call(Value::from(id), name, arguments, false));
             }
             "tool_result" if turn.role == "user" => {
-                let mut m = Message::text("tool", result_text(b.content)?);
-                m.tool_call_id = Some(b.tool_use_id.unwrap_or_default());
-                messages.push(m);
+                let (text, references) = result_text(b.content)?;
+                let id = b.tool_use_id.unwrap_or_default();
+                // The tools it references, in a tool message of their own.
+                let references = (!references.is_empty()).then(|| references.join("\n"));
+                for content in std::iter::once(text).chain(references) {
+                    let mut m = Message::text("tool", content);
+                    m.tool_call_id = Some(id.clone());
+                    messages.push(m);
+                }
             }
             "tool_result" => match b.content {
                 Some(ResultContent::Text(t)) => parts.push(format!("Tool result: {t}")),
@@ -223,7 +243,6 @@ fn add(messages: &mut Vec<Message>, turn: Turn) -> Result<(), Unrendered> {
                 // vLLM writes Python's repr of the list.
                 Some(ResultContent::List(_)) => return Err(Unrendered::Unsupported),
             },
-            "tool_addition" | "tool_removal" => return Err(Unrendered::Tools),
             // vLLM skips what else a client echoes (redacted thinking,
             // tool references, unknown blocks).
             _ => {}
@@ -247,21 +266,88 @@ fn add(messages: &mut Vec<Message>, turn: Turn) -> Result<(), Unrendered> {
     Ok(())
 }
 
-/// A tool result's text: a string, or its text items joined with "\n".
-fn result_text(content: Option<ResultContent>) -> Result<String, Unrendered> {
+/// A tool result's text (a string, or its text items joined with "\n"),
+/// and the tools it references.
+fn result_text(content: Option<ResultContent>) -> Result<(String, Vec<String>), Unrendered> {
     let items = match content {
-        None => return Ok(String::new()),
-        Some(ResultContent::Text(t)) => return Ok(t),
+        None => return Ok(Default::default()),
+        Some(ResultContent::Text(t)) => return Ok((t, Vec::new())),
         Some(ResultContent::List(items)) => items,
     };
     let mut texts = Vec::new();
+    let mut references = Vec::new();
     for item in items {
         match item.kind.as_deref() {
             Some("text") => texts.push(item.text.unwrap_or_default()),
             Some("image") => return Err(Unrendered::NotText),
-            Some("tool_reference") => return Err(Unrendered::Tools),
+            Some("tool_reference") => references.extend(item.tool_name.or(item.name)),
             _ => {}
         }
     }
-    Ok(texts.join("\n"))
+    Ok((texts.join("\n"), references))
+}
+
+/// The tools in effect at the conversation's end, as vLLM resolves them
+/// (`_resolve_tools`): blocks `tool_addition` (of a tool defined by value,
+/// or of one of `tools`, then no longer deferred) and `tool_removal`, in
+/// the messages' order.
+fn with_changes(tools: Vec<Value>, turns: &[Turn]) -> Result<Vec<Value>, Unrendered> {
+    let changes = turns.iter().flat_map(|t| match &t.content {
+        Blocks::List(blocks) => blocks.as_slice(),
+        Blocks::Text(_) => &[],
+    });
+    let changes: Vec<&Block> = changes
+        .filter(|b| matches!(b.kind.as_str(), "tool_addition" | "tool_removal"))
+        .collect();
+    if changes.is_empty() {
+        return Ok(tools);
+    }
+    let name = |tool: &Value| {
+        let name = tools::field(tool, "name").ok_or(Unrendered::Failed)?;
+        name.as_str().map(str::to_string).ok_or(Unrendered::Failed)
+    };
+    let mut by_name: Vec<(String, Value)> = Vec::new();
+    for t in tools {
+        let n = name(&t)?;
+        match by_name.iter_mut().find(|(k, _)| *k == n) {
+            Some(entry) => entry.1 = t,
+            None => by_name.push((n, t)),
+        }
+    }
+    let mut removed = Vec::new();
+    for block in changes {
+        let change = block.tool.as_ref().ok_or(Unrendered::Failed)?;
+        let kind = tools::field(change, "type");
+        let n = match kind.as_ref().and_then(Value::as_str) {
+            Some("tool_definition") => {
+                let definition = tools::field(change, "definition").ok_or(Unrendered::Failed)?;
+                let n = name(&definition)?;
+                match by_name.iter_mut().find(|(k, _)| *k == n) {
+                    Some(entry) => entry.1 = definition,
+                    None => by_name.push((n.clone(), definition)),
+                }
+                n
+            }
+            Some("tool_reference") => {
+                let n = name(change)?;
+                let entry = by_name.iter_mut().find(|(k, _)| *k == n);
+                // vLLM refuses a reference to a tool not declared.
+                let entry = entry.ok_or(Unrendered::Failed)?;
+                if block.kind == "tool_addition" {
+                    entry.1 = tools::without(&entry.1, "defer_loading")?;
+                }
+                n
+            }
+            _ => return Err(Unrendered::Failed),
+        };
+        removed.retain(|r| *r != n);
+        if block.kind == "tool_removal" {
+            removed.push(n);
+        }
+    }
+    Ok(by_name
+        .into_iter()
+        .filter(|(n, _)| !removed.contains(n))
+        .map(|(_, t)| t)
+        .collect())
 }

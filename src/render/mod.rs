@@ -24,10 +24,10 @@
 //! ```
 //!
 //! Anything else is not rendered ([`Unrendered`]), never guessed: the
-//! other APIs, images and other non-text parts, tool references and tools
-//! added by blocks, a `cache_salt` (vLLM keys its blocks apart), a stored
-//! response continued, a template that fails (or prints what Python would
-//! print otherwise).
+//! other APIs, images and other non-text parts, what Python reads or prints
+//! in a way not followed here (NaN, integers beyond 64 bits, a container's
+//! repr), a `cache_salt` (vLLM keys its blocks apart), a stored response
+//! continued, a template that fails.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -59,8 +59,6 @@ pub enum Unrendered {
     Api,
     /// A part other than text (an image, audio).
     NotText,
-    /// Tool references, or tools added or removed by a message's blocks.
-    Tools,
     /// A `cache_salt`.
     Salted,
     /// A stored response or conversation continued.
@@ -82,7 +80,6 @@ impl Unrendered {
         match self {
             Unrendered::Api => "api",
             Unrendered::NotText => "not_text",
-            Unrendered::Tools => "tools",
             Unrendered::Salted => "salted",
             Unrendered::Stored => "stored",
             Unrendered::Unsupported => "unsupported",

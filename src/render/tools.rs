@@ -219,6 +219,9 @@ pub(super) fn arguments(given: Option<Value>) -> Result<Value, Unrendered> {
         return Ok(empty());
     };
     let parsed = match given.as_str() {
+        // An integer of 19 digits or more may not fit 64 bits: Python keeps
+        // it whole, serde_json would make it a float.
+        Some(text) if has_digits(text, 19) => return Err(Unrendered::Unsupported),
         Some(text) => match serde_json::from_str::<Value>(text) {
             Ok(v) => v,
             // Python's json reads these; serde_json does not.
@@ -232,17 +235,31 @@ pub(super) fn arguments(given: Option<Value>) -> Result<Value, Unrendered> {
     Ok(if is_map(&parsed) { parsed } else { empty() })
 }
 
+/// Whether `text` has a run of `n` digits.
+fn has_digits(text: &str, n: usize) -> bool {
+    let mut run = 0;
+    text.bytes().any(|b| {
+        run = if b.is_ascii_digit() { run + 1 } else { 0 };
+        run >= n
+    })
+}
+
+/// Map `v` without its `key`.
+pub(super) fn without(v: &Value, key: &str) -> Result<Value, Unrendered> {
+    Ok(map(entries(v)?.into_iter().filter(|(k, _)| k != key)))
+}
+
+/// A map's field, if it is set (null counts as set, as in Python).
+pub(super) fn field(v: &Value, key: &str) -> Option<Value> {
+    v.get_attr(key).ok().filter(|v| !v.is_undefined())
+}
+
 fn empty() -> Value {
     map(std::iter::empty::<(String, Value)>())
 }
 
 fn is_map(v: &Value) -> bool {
     v.kind() == ValueKind::Map
-}
-
-/// A map's field, if it is set (null counts as set, as in Python).
-fn field(v: &Value, key: &str) -> Option<Value> {
-    v.get_attr(key).ok().filter(|v| !v.is_undefined())
 }
 
 fn entries(v: &Value) -> Result<Vec<(String, Value)>, Unrendered> {
@@ -361,10 +378,13 @@ mod tests {
                 "{empty}"
             );
         }
-        assert_eq!(
-            arguments(Some(json(r#""{\"x\": NaN}""#))),
-            Err(Unrendered::Unsupported)
-        );
+        // What Python reads and serde_json cannot.
+        for text in [
+            r#""{\"x\": NaN}""#,
+            r#""{\"n\": 123456789012345678901234567890}""#,
+        ] {
+            assert_eq!(arguments(Some(json(text))), Err(Unrendered::Unsupported));
+        }
         assert_eq!(
             chat_call(&json(r#"{"type": "custom", "function": {}}"#)),
             Err(Unrendered::Failed)
