@@ -17,6 +17,13 @@ use poimen_gateway::{discovery, logging, services};
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
+    // fastokens would spread a long prompt over threads of its own, one a
+    // core, each spinning after its part: the render threads
+    // (`render.threads`) are the gateway's tokenizing parallelism. Set
+    // before any thread starts, as the environment must be.
+    if std::env::var_os("FASTOKENS_BPE_THREADS").is_none() {
+        std::env::set_var("FASTOKENS_BPE_THREADS", "1");
+    }
     // `route` is ours; any other command line is Pingora's, which would
     // refuse the word.
     if std::env::args_os().nth(1).is_some_and(|a| a == "route") {

@@ -33,16 +33,16 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+use crate::api::Api;
+use chat::Conversation;
+use encoder::Encoder;
 use minijinja::value::Serde;
 use minijinja::{Environment, ErrorKind, Value};
 use serde::de::IgnoredAny;
 use serde::Deserialize;
-use tokenizers::Tokenizer;
-
-use crate::api::Api;
-use chat::Conversation;
 
 mod chat;
+mod encoder;
 mod messages;
 mod pieces;
 mod python;
@@ -93,7 +93,7 @@ impl Unrendered {
 /// One model's tokenizer and chat template.
 pub struct Renderer {
     dir: PathBuf,
-    tokenizer: Tokenizer,
+    encoder: Encoder,
     template: Option<Template>,
     /// The template named `tool_use`, for requests with tools, if the
     /// model names one.
@@ -154,9 +154,7 @@ enum TokenField {
 impl Renderer {
     /// Load the files of model directory `dir`.
     pub fn load(dir: &Path) -> Result<Renderer, String> {
-        let file = dir.join("tokenizer.json");
-        let tokenizer =
-            Tokenizer::from_file(&file).map_err(|e| format!("{}: {e}", file.display()))?;
+        let (encoder, apart) = Encoder::load(dir)?;
         let config_file = dir.join("tokenizer_config.json");
         let config: TokenizerConfig = match std::fs::read(&config_file) {
             Ok(text) => serde_json::from_slice(&text)
@@ -203,11 +201,10 @@ impl Renderer {
             Some((name.to_string(), text))
         })
         .collect();
-        let pieces = pieces::splits_apart(&tokenizer).then(pieces::Pieces::new);
         let mut renderer = Renderer {
             dir: dir.to_path_buf(),
-            pieces,
-            tokenizer,
+            pieces: apart.then(pieces::Pieces::new),
+            encoder,
             template,
             tool_template,
             specials,
@@ -281,15 +278,11 @@ impl Renderer {
 
     fn encode(&self, text: &str, special: bool) -> Result<Vec<u32>, Unrendered> {
         if let Some(pieces) = self.pieces.as_ref().filter(|_| !special) {
-            if let Some(ids) = pieces.encode(&self.tokenizer, text) {
+            if let Some(ids) = pieces.encode(&self.encoder, text) {
                 return Ok(ids);
             }
         }
-        let encoding = self
-            .tokenizer
-            .encode_fast(text, special)
-            .map_err(|_| Unrendered::Failed)?;
-        Ok(encoding.get_ids().to_vec())
+        self.encoder.encode(text, special).ok_or(Unrendered::Failed)
     }
 
     /// The prompt text of `conversation`, as vLLM's chat parameters

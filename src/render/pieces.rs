@@ -21,8 +21,10 @@ use std::sync::{Arc, Mutex};
 use tokenizers::normalizers::NormalizerWrapper;
 use tokenizers::pre_tokenizers::metaspace::PrependScheme;
 use tokenizers::pre_tokenizers::PreTokenizerWrapper;
-use tokenizers::{OffsetReferential, OffsetType, Tokenizer};
+use tokenizers::Tokenizer;
 use xxhash_rust::xxh3::xxh3_64;
+
+use super::encoder::{Encoder, Piece};
 
 /// Token ids kept at most, over both generations: 16 MiB.
 const BUDGET: usize = 4 << 20;
@@ -66,28 +68,26 @@ impl Pieces {
 
     /// The ids of `text`, its pieces' from the store where they are; `None`
     /// if it is one piece (nothing to keep apart) or does not encode.
-    pub fn encode(&self, tokenizer: &Tokenizer, text: &str) -> Option<Vec<u32>> {
-        let split = tokenizer
-            .get_added_vocabulary()
-            .extract_and_normalize(tokenizer.get_normalizer(), text);
-        let splits = split.get_splits(OffsetReferential::Original, OffsetType::Byte);
-        if splits.len() < 2 {
+    pub fn encode(&self, encoder: &Encoder, text: &str) -> Option<Vec<u32>> {
+        let pieces = encoder.split(text);
+        if pieces.len() < 2 {
             return None;
         }
         let mut ids = Vec::new();
-        for (_, (start, end), added) in splits {
-            if let Some(tokens) = added {
-                ids.extend(tokens.iter().map(|t| t.id));
-                continue;
-            }
-            let piece = text.get(start..end)?;
+        for piece in pieces {
+            let piece = match piece {
+                Piece::Added(tokens) => {
+                    ids.extend(tokens);
+                    continue;
+                }
+                Piece::Text(text) => text,
+            };
             let key = xxh3_64(piece.as_bytes());
             let kept = self.inner.lock().unwrap().get(key);
             let piece_ids = match kept {
                 Some(k) => k,
                 None => {
-                    let encoding = tokenizer.encode_fast(piece, false).ok()?;
-                    let new: Arc<[u32]> = encoding.get_ids().into();
+                    let new: Arc<[u32]> = encoder.encode_piece(&piece)?.into();
                     self.inner.lock().unwrap().put(key, new.clone());
                     new
                 }
