@@ -97,10 +97,13 @@ def events_config(pub: int, replay: int) -> dict:
 
 
 def server_argv(a, i: int) -> list[str]:
+    """vLLM server i's command; `a.vllm_extra` (if set: agents.py's tool
+    flags) appended."""
     p = ports(a)
     return R.vllm_argv(a, a.model_dir, p["http"][i]) + [
         "--kv-cache-memory-bytes", str(a.kv_bytes),
-        "--kv-events-config", json.dumps(events_config(p["pub"][i], p["replay"][i]))]
+        "--kv-events-config", json.dumps(events_config(p["pub"][i], p["replay"][i]))] + \
+        list(getattr(a, "vllm_extra", ()))
 
 
 def max_num_seqs(argv: list[str]) -> int:

