@@ -241,7 +241,8 @@ async fn chat(
     warmup: bool,
 ) -> (String, u64, u64) {
     let max_tokens = if warmup { 1 } else { 16 };
-    let body = json!({"messages": messages, "max_tokens": max_tokens, "model": MODEL});
+    let body =
+        json!({"messages": messages, "max_tokens": max_tokens, "model": MODEL, "tools": tools()});
     let mut req = http.post(url).json(&body);
     if let Some(k) = key {
         req = req.header("X-Poimen-Cache-Key", k);
@@ -261,6 +262,15 @@ async fn chat(
         .as_u64()
         .unwrap_or(0);
     (backend, prompt, cached)
+}
+
+/// An agent's tools, the same in every session (as a coding agent's are).
+fn tools() -> Value {
+    let tool = |name: &str, seed: u64| {
+        json!({"type": "function", "function": {"name": name, "description": text(seed, 300),
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}})
+    };
+    json!([tool("read_file", 7), tool("run", 8)])
 }
 
 async fn workload(http: &reqwest::Client, url: &str, keyed: bool, seed: u64) -> Run {
@@ -301,7 +311,12 @@ async fn workload(http: &reqwest::Client, url: &str, keyed: bool, seed: u64) -> 
             run.backends.entry(name(s)).or_default().insert(backend);
             run.prompt += prompt;
             run.cached += cached;
-            convs[s].push(json!({"role": "assistant", "content": text(s as u64, 16)}));
+            // The model called a tool; its result comes with the next turn.
+            let id = format!("call-{s}-{turn}");
+            let arguments = json!({"path": format!("src/session{s}/turn{turn}.rs")}).to_string();
+            convs[s].push(json!({"role": "assistant", "content": text(s as u64, 16), "tool_calls": [
+                {"id": id, "type": "function", "function": {"name": "read_file", "arguments": arguments}}]}));
+            convs[s].push(json!({"role": "tool", "tool_call_id": id, "content": text(seed * 1000 + (s * TURNS + turn) as u64, 60)}));
         }
     }
     run
@@ -378,8 +393,11 @@ async fn main() {
         "3 simulated vLLM instances ({}) behind poimen-gateway",
         sim_list.join(", ")
     );
-    println!("workload: {SESSIONS} agent sessions x {TURNS} turns, a shared system prompt and a");
-    println!("per-session memory context, and a warmup before each session's first turn");
+    println!(
+        "workload: {SESSIONS} agent sessions x {TURNS} turns, a shared system prompt and tools,"
+    );
+    println!("a per-session memory context, a warmup before each session's first turn, and a");
+    println!("tool call and its result after each turn");
     let mut excerpt = String::new();
     for (i, mode) in MODES.iter().enumerate() {
         // A fresh gateway per mode; new memory contexts, so no run reuses
