@@ -27,7 +27,7 @@ pub(super) struct Conversation {
     /// `chat_template_kwargs`.
     pub kwargs: Map<String, serde_json::Value>,
     /// The tools, as the template sees them.
-    pub tools: Option<Vec<Value>>,
+    pub tools: Option<std::sync::Arc<[Value]>>,
 }
 
 /// A Chat Completions message.
@@ -209,7 +209,7 @@ fn without_billing_header(parts: Vec<String>) -> Vec<String> {
 #[derive(Deserialize)]
 struct ChatBody {
     messages: Vec<Message>,
-    tools: Option<Vec<Value>>,
+    tools: Option<Box<serde_json::value::RawValue>>,
     add_generation_prompt: Option<bool>,
     continue_final_message: Option<bool>,
     reasoning_effort: Option<String>,
@@ -220,7 +220,7 @@ struct ChatBody {
 }
 
 /// A Chat Completions body as a conversation.
-pub(super) fn conversation(body: &[u8]) -> Result<Conversation, Unrendered> {
+pub(super) fn conversation(body: &[u8], lists: &tools::Lists) -> Result<Conversation, Unrendered> {
     let body: ChatBody = serde_json::from_slice(body).map_err(|_| Unrendered::Failed)?;
     if body.cache_salt.is_some() {
         return Err(Unrendered::Salted);
@@ -239,12 +239,10 @@ pub(super) fn conversation(body: &[u8]) -> Result<Conversation, Unrendered> {
     }
     let tools = match body.tools {
         // vLLM refuses an empty list.
-        Some(list) if list.is_empty() => return Err(Unrendered::Failed),
-        Some(list) => Some(
-            list.iter()
-                .map(tools::chat_tool)
-                .collect::<Result<_, _>>()?,
-        ),
+        Some(raw) if tools::is_empty_list(&raw) => return Err(Unrendered::Failed),
+        Some(raw) => Some(lists.get(tools::Form::Chat, &raw, |list| {
+            list.iter().map(tools::chat_tool).collect()
+        })?),
         None => None,
     };
     Ok(Conversation {

@@ -36,7 +36,7 @@ use super::{tools, Unrendered};
 struct Body {
     system: Option<Blocks>,
     messages: Vec<Turn>,
-    tools: Option<Vec<Value>>,
+    tools: Option<Box<serde_json::value::RawValue>>,
     thinking: Option<Thinking>,
     output_config: Option<OutputConfig>,
     chat_template_kwargs: Option<Map<String, serde_json::Value>>,
@@ -109,20 +109,23 @@ pub(super) struct Probed {
 }
 
 /// A Messages body as a conversation.
-pub(super) fn conversation(body: &[u8], probed: &Probed) -> Result<Conversation, Unrendered> {
+pub(super) fn conversation(
+    body: &[u8],
+    probed: &Probed,
+    lists: &tools::Lists,
+) -> Result<Conversation, Unrendered> {
     let body: Body = serde_json::from_slice(body).map_err(|_| Unrendered::Failed)?;
     if body.cache_salt.is_some() {
         return Err(Unrendered::Salted);
     }
+    let convert = |list: Vec<Value>| list.iter().map(tools::messages_tool).collect();
     let tools = match body.tools {
-        Some(list) => {
-            let list = with_changes(list, &body.messages)?;
-            Some(
-                list.iter()
-                    .map(tools::messages_tool)
-                    .collect::<Result<_, _>>()?,
-            )
+        // Tools added or removed by the messages: this request's own list.
+        Some(raw) if changes(&body.messages).next().is_some() => {
+            let list = with_changes(tools::parse(&raw)?, &body.messages)?;
+            Some(tools::wrapped(convert(list)?))
         }
+        Some(raw) => Some(lists.get(tools::Form::Messages, &raw, convert)?),
         None => None,
     };
     let mut system: Vec<String> = match body.system {
@@ -287,21 +290,20 @@ fn result_text(content: Option<ResultContent>) -> Result<(String, Vec<String>), 
     Ok((texts.join("\n"), references))
 }
 
+/// The blocks that add or remove a tool, in the messages' order.
+fn changes(turns: &[Turn]) -> impl Iterator<Item = &Block> {
+    let blocks = turns.iter().flat_map(|t| match &t.content {
+        Blocks::List(blocks) => blocks.as_slice(),
+        Blocks::Text(_) => &[],
+    });
+    blocks.filter(|b| matches!(b.kind.as_str(), "tool_addition" | "tool_removal"))
+}
+
 /// The tools in effect at the conversation's end, as vLLM resolves them
 /// (`_resolve_tools`): blocks `tool_addition` (of a tool defined by value,
 /// or of one of `tools`, then no longer deferred) and `tool_removal`, in
 /// the messages' order.
 fn with_changes(tools: Vec<Value>, turns: &[Turn]) -> Result<Vec<Value>, Unrendered> {
-    let changes = turns.iter().flat_map(|t| match &t.content {
-        Blocks::List(blocks) => blocks.as_slice(),
-        Blocks::Text(_) => &[],
-    });
-    let changes: Vec<&Block> = changes
-        .filter(|b| matches!(b.kind.as_str(), "tool_addition" | "tool_removal"))
-        .collect();
-    if changes.is_empty() {
-        return Ok(tools);
-    }
     let name = |tool: &Value| {
         let name = tools::field(tool, "name").ok_or(Unrendered::Failed)?;
         name.as_str().map(str::to_string).ok_or(Unrendered::Failed)
@@ -315,7 +317,7 @@ fn with_changes(tools: Vec<Value>, turns: &[Turn]) -> Result<Vec<Value>, Unrende
         }
     }
     let mut removed = Vec::new();
-    for block in changes {
+    for block in changes(turns) {
         let change = block.tool.as_ref().ok_or(Unrendered::Failed)?;
         let kind = tools::field(change, "type");
         let n = match kind.as_ref().and_then(Value::as_str) {

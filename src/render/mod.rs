@@ -105,6 +105,8 @@ pub struct Renderer {
     /// The ids of the text between special tokens, where the tokenizer
     /// allows keeping them.
     pieces: Option<pieces::Pieces>,
+    /// Recent requests' tool lists, converted.
+    lists: tools::Lists,
 }
 
 impl fmt::Debug for Renderer {
@@ -204,6 +206,7 @@ impl Renderer {
         let mut renderer = Renderer {
             dir: dir.to_path_buf(),
             pieces: apart.then(pieces::Pieces::new),
+            lists: tools::Lists::default(),
             encoder,
             template,
             tool_template,
@@ -254,9 +257,9 @@ impl Renderer {
     /// The token ids of the prompt of a request of `api` with `body`.
     pub fn tokens(&self, api: Api, body: &[u8]) -> Result<Vec<u32>, Unrendered> {
         let conversation = match api {
-            Api::ChatCompletions => chat::conversation(body)?,
-            Api::Messages => messages::conversation(body, &self.probed)?,
-            Api::Responses => responses::conversation(body)?,
+            Api::ChatCompletions => chat::conversation(body, &self.lists)?,
+            Api::Messages => messages::conversation(body, &self.probed, &self.lists)?,
+            Api::Responses => responses::conversation(body, &self.lists)?,
             Api::Completions => return self.completion(body),
             _ => return Err(Unrendered::Api),
         };
@@ -319,7 +322,7 @@ impl Renderer {
         for (k, v) in &self.specials {
             context.insert(k.clone(), Value::from(v.as_str()));
         }
-        let tools = conversation.tools.map(Value::from);
+        let tools = conversation.tools.map(|t| Value::from(t.to_vec()));
         context.insert("tools".into(), tools.unwrap_or(Value::from(())));
         context.insert("documents".into(), Value::from(()));
         let thinking_set = conversation.kwargs.contains_key("enable_thinking");

@@ -6,8 +6,9 @@
 //! then fails, and the request is estimated, never guessed.
 
 use std::fmt::Write;
+use std::sync::{Arc, OnceLock};
 
-use minijinja::value::{Kwargs, ValueKind};
+use minijinja::value::{Enumerator, Kwargs, Object, ObjectRepr, ValueKind};
 use minijinja::{Environment, Error, ErrorKind, Output, State, Value};
 
 /// Install the filter and the formatter in `env`.
@@ -16,9 +17,55 @@ pub(super) fn install(env: &mut Environment) {
     env.set_formatter(format);
 }
 
+/// A dict that keeps its `tojson` once written: a tool, which an agent
+/// sends again with every request (`tools.rs` keeps the lists).
+#[derive(Debug)]
+pub(super) struct Dumped {
+    map: Value,
+    json: OnceLock<Result<String, String>>,
+}
+
+impl Dumped {
+    pub fn value(map: Value) -> Value {
+        Value::from_object(Dumped {
+            map,
+            json: OnceLock::new(),
+        })
+    }
+}
+
+impl Object for Dumped {
+    fn repr(self: &Arc<Self>) -> ObjectRepr {
+        ObjectRepr::Map
+    }
+
+    fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
+        self.map.get_item(key).ok().filter(|v| !v.is_undefined())
+    }
+
+    fn enumerate(self: &Arc<Self>) -> Enumerator {
+        match self.map.try_iter() {
+            Ok(keys) => Enumerator::Values(keys.collect()),
+            Err(_) => Enumerator::Empty,
+        }
+    }
+}
+
 /// `tojson(x, ensure_ascii=False, indent=None, separators=None,
 /// sort_keys=False)`, as transformers defines it.
 fn tojson(value: &Value, kwargs: Kwargs) -> Result<String, Error> {
+    if kwargs.args().next().is_none() {
+        if let Some(d) = value.downcast_object_ref::<Dumped>() {
+            let json = d.json.get_or_init(|| {
+                let mut out = String::new();
+                (Dump::default().value(&mut out, &d.map, 0)).map_err(|e| e.to_string())?;
+                Ok(out)
+            });
+            return json
+                .clone()
+                .map_err(|e| Error::new(ErrorKind::InvalidOperation, e));
+        }
+    }
     let indent = match kwargs.get::<Option<Value>>("indent")? {
         None => None,
         Some(v) if v.is_none() => None,
@@ -66,6 +113,19 @@ struct Dump {
     indent: Option<String>,
     item: String,
     key: String,
+}
+
+/// `json.dumps`'s defaults.
+impl Default for Dump {
+    fn default() -> Self {
+        Dump {
+            ascii: false,
+            sort: false,
+            indent: None,
+            item: ", ".into(),
+            key: ": ".into(),
+        }
+    }
 }
 
 impl Dump {

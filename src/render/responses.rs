@@ -35,7 +35,7 @@ struct Body {
     previous_response_id: Option<IgnoredAny>,
     conversation: Option<IgnoredAny>,
     prompt: Option<IgnoredAny>,
-    tools: Option<Vec<minijinja::Value>>,
+    tools: Option<Box<serde_json::value::RawValue>>,
     reasoning: Option<Reasoning>,
     chat_template_kwargs: Option<Map<String, Value>>,
     cache_salt: Option<IgnoredAny>,
@@ -54,7 +54,7 @@ struct Reasoning {
 }
 
 /// A Responses body as a conversation.
-pub(super) fn conversation(body: &[u8]) -> Result<Conversation, Unrendered> {
+pub(super) fn conversation(body: &[u8], lists: &tools::Lists) -> Result<Conversation, Unrendered> {
     let body: Body = serde_json::from_slice(body).map_err(|_| Unrendered::Failed)?;
     if body.cache_salt.is_some() {
         return Err(Unrendered::Salted);
@@ -65,11 +65,11 @@ pub(super) fn conversation(body: &[u8]) -> Result<Conversation, Unrendered> {
     if body.prompt.is_some() {
         return Err(Unrendered::Unsupported);
     }
-    let tools = match body.tools.filter(|t| !t.is_empty()) {
-        Some(list) => {
+    let tools = match body.tools.filter(|t| !tools::is_empty_list(t)) {
+        Some(raw) => Some(lists.get(tools::Form::Responses, &raw, |list| {
             let each = list.iter().map(tools::responses_tools);
-            Some(each.collect::<Result<Vec<_>, _>>()?.concat())
-        }
+            Ok(each.collect::<Result<Vec<_>, _>>()?.concat())
+        })?),
         None => None,
     };
     let mut messages = Vec::new();

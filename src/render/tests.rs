@@ -81,6 +81,7 @@ fn a_template_renders_as_transformers_does() {
         encoder: byte_model().encoder,
         template: Some(Template::new(source.into()).unwrap()),
         tool_template: None,
+        lists: tools::Lists::default(),
         specials: [("bos_token".to_string(), "<s>".to_string())].into(),
         probed: messages::Probed {
             merge_inline_system: true,
@@ -89,12 +90,14 @@ fn a_template_renders_as_transformers_does() {
         pieces: None,
     };
     let body = br#"{"messages":[{"role":"user","content":"  hi  "}]}"#;
-    let text = r.render(chat::conversation(body).unwrap()).unwrap();
+    let text = r
+        .render(chat::conversation(body, &r.lists).unwrap())
+        .unwrap();
     // As jinja2 renders it (checked with the vLLM venv's jinja2).
     assert_eq!(text, "<s>\n[USER] hi\n[ASSISTANT]");
     let tool = br#"{"messages":[{"role":"tool","content":"x"}]}"#;
     assert_eq!(
-        r.render(chat::conversation(tool).unwrap()),
+        r.render(chat::conversation(tool, &r.lists).unwrap()),
         Err(Unrendered::Failed)
     );
 }
@@ -184,6 +187,9 @@ fn chat_messages_and_responses_render_as_vllm_rendered_them() {
         (byte_model_with("qwen3.jinja"), "tools.json", 100),
         (byte_model_with("qwen3.jinja"), "agents.json", 6),
     ] {
+        // Twice: the second time, the tool lists are the ones kept.
+        let (_, first) = mismatches(&r, corpus, &refused);
+        assert!(first.is_empty(), "{corpus}:\n{}", first.join("\n"));
         let (checked, wrong) = mismatches(&r, corpus, &refused);
         assert!(checked >= least, "{corpus}: {checked} entries");
         assert!(wrong.is_empty(), "{corpus}:\n{}", wrong.join("\n"));

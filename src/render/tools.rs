@@ -16,10 +16,76 @@
 //!     anything empty, not JSON or not an object as {}
 //! ```
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
 use minijinja::value::ValueKind;
 use minijinja::Value;
+use serde_json::value::RawValue;
+use xxhash_rust::xxh3::xxh3_64_with_seed;
 
+use super::python::Dumped;
 use super::Unrendered;
+
+/// The tool lists of recent requests as the template sees them, by their
+/// JSON text: an agent sends the same list with every request, so it is
+/// read, converted and written by `tojson` once, not per request.
+#[derive(Default)]
+pub(super) struct Lists {
+    kept: Mutex<HashMap<u64, Arc<[Value]>>>,
+}
+
+/// Lists kept at most (then all are forgotten, and the next requests keep
+/// theirs again).
+const KEPT: usize = 256;
+
+/// Which API's form a list is in (the same JSON converts otherwise).
+#[derive(Clone, Copy)]
+pub(super) enum Form {
+    Chat = 1,
+    Messages = 2,
+    Responses = 3,
+}
+
+impl Lists {
+    /// The list `raw` of an API's `form`, converted by `convert`.
+    pub fn get(
+        &self,
+        form: Form,
+        raw: &RawValue,
+        convert: impl FnOnce(Vec<Value>) -> Result<Vec<Value>, Unrendered>,
+    ) -> Result<Arc<[Value]>, Unrendered> {
+        let key = xxh3_64_with_seed(raw.get().as_bytes(), form as u64);
+        if let Some(list) = self.kept.lock().unwrap().get(&key) {
+            return Ok(list.clone());
+        }
+        let list: Arc<[Value]> = wrapped(convert(parse(raw)?)?);
+        let mut kept = self.kept.lock().unwrap();
+        if kept.len() >= KEPT {
+            kept.clear();
+        }
+        kept.insert(key, list.clone());
+        Ok(list)
+    }
+}
+
+/// A list of tools read in the client's key order.
+pub(super) fn parse(raw: &RawValue) -> Result<Vec<Value>, Unrendered> {
+    serde_json::from_str(raw.get()).map_err(|_| Unrendered::Failed)
+}
+
+/// Tools that keep their `tojson`.
+pub(super) fn wrapped(tools: Vec<Value>) -> Arc<[Value]> {
+    tools.into_iter().map(Dumped::value).collect()
+}
+
+/// Whether `raw` is `[]`.
+pub(super) fn is_empty_list(raw: &RawValue) -> bool {
+    raw.get()
+        .bytes()
+        .filter(|b| !b.is_ascii_whitespace())
+        .eq(*b"[]")
+}
 
 /// A Chat Completions tool as the template sees it.
 pub(super) fn chat_tool(tool: &Value) -> Result<Value, Unrendered> {
