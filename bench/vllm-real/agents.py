@@ -93,6 +93,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 import common as C  # noqa: E402  (bench/common.py)
 import events as E  # noqa: E402  (bench/vllm-real/events.py)
+from render_corpus import post as post_json  # noqa: E402  (bench/vllm-real/render_corpus.py)
 
 MODEL = E.MODEL
 MODES = ("events", "estimate", "keyed")
@@ -328,20 +329,6 @@ def build_workload(a, tasks: dict) -> list[dict]:
 
 # --------------------------------------------------------------------------
 # HTTP
-
-
-def post_json(port: int, path: str, body: dict, timeout: float = 120) -> tuple[int, object]:
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"}, method="POST")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        raw = e.read()
-        try:
-            return e.code, json.loads(raw)
-        except ValueError:
-            return e.code, raw.decode(errors="replace")
 
 
 def usage_of(obj: dict, rec: dict) -> None:
