@@ -1,4 +1,5 @@
 use super::*;
+use proptest::strategy::Strategy as _;
 use tokenizers::Tokenizer;
 
 /// The byte-level tokenizer and template of `bench/vllm-real`'s tiny
@@ -335,4 +336,35 @@ fn tools_and_tool_calls_render_alike_through_every_api() {
 fn the_byte_model_is_tokenized_by_fastokens() {
     // It loads and agrees with the Hugging Face crate on the probes.
     assert!(matches!(byte_model().encoder, Encoder::Fast(_)));
+}
+
+proptest::proptest! {
+    /// Any text, with special tokens, marks NFC composes, scripts and
+    /// whitespace among it: fastokens and the kept pieces give the Hugging
+    /// Face crate's ids for it.
+    #[test]
+    fn every_encoder_gives_the_hugging_face_crates_ids(
+        parts in proptest::collection::vec(
+            proptest::prop_oneof![
+                proptest::string::string_regex("\\PC{0,12}").unwrap(),
+                proptest::string::string_regex("[ \t\n]{1,4}|[0-9]{1,5}|'[a-z]{1,2}").unwrap(),
+                proptest::sample::select(vec![
+                    "<|start|>", "<|eot|>", "e\u{301}", "\u{1100}\u{1161}", "東京", "🦀", " the",
+                ]).prop_map(str::to_string),
+            ],
+            0..12,
+        )
+    ) {
+        let mut t = bpe_with_specials();
+        t.with_normalizer(Some(tokenizers::normalizers::NFC)).unwrap();
+        let text = parts.concat();
+        let whole = t.encode_fast(text.as_str(), false).unwrap().get_ids().to_vec();
+        for encoder in encoder::both(&t) {
+            proptest::prop_assert_eq!(encoder.encode(&text, false), Some(whole.clone()));
+            let pieces = pieces::Pieces::new();
+            if let Some(ids) = pieces.encode(&encoder, &text) {
+                proptest::prop_assert_eq!(ids, whole.clone());
+            }
+        }
+    }
 }
