@@ -308,13 +308,10 @@ fn with_changes(tools: Vec<Value>, turns: &[Turn]) -> Result<Vec<Value>, Unrende
         let name = tools::field(tool, "name").ok_or(Unrendered::Failed)?;
         name.as_str().map(str::to_string).ok_or(Unrendered::Failed)
     };
-    let mut by_name: Vec<(String, Value)> = Vec::new();
+    // A dict of Python's: a name given again keeps its place.
+    let mut by_name = indexmap::IndexMap::new();
     for t in tools {
-        let n = name(&t)?;
-        match by_name.iter_mut().find(|(k, _)| *k == n) {
-            Some(entry) => entry.1 = t,
-            None => by_name.push((n, t)),
-        }
+        by_name.insert(name(&t)?, t);
     }
     let mut removed = Vec::new();
     for block in changes(turns) {
@@ -324,19 +321,15 @@ fn with_changes(tools: Vec<Value>, turns: &[Turn]) -> Result<Vec<Value>, Unrende
             Some("tool_definition") => {
                 let definition = tools::field(change, "definition").ok_or(Unrendered::Failed)?;
                 let n = name(&definition)?;
-                match by_name.iter_mut().find(|(k, _)| *k == n) {
-                    Some(entry) => entry.1 = definition,
-                    None => by_name.push((n.clone(), definition)),
-                }
+                by_name.insert(n.clone(), definition);
                 n
             }
             Some("tool_reference") => {
                 let n = name(change)?;
-                let entry = by_name.iter_mut().find(|(k, _)| *k == n);
                 // vLLM refuses a reference to a tool not declared.
-                let entry = entry.ok_or(Unrendered::Failed)?;
+                let tool = by_name.get_mut(&n).ok_or(Unrendered::Failed)?;
                 if block.kind == "tool_addition" {
-                    entry.1 = tools::without(&entry.1, "defer_loading")?;
+                    *tool = tools::without(tool, "defer_loading")?;
                 }
                 n
             }
