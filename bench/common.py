@@ -65,6 +65,10 @@ def nginx_bin() -> str:
     return shutil.which("nginx") or "/usr/sbin/nginx"
 
 
+def haproxy_bin() -> str:
+    return shutil.which("haproxy") or "/usr/sbin/haproxy"
+
+
 def bench_venv() -> Path:
     """The venv bench/setup.sh installs the LLM routers into (vllm-router,
     sglang-router, pinned there): POIMEN_BENCH_VENV, default bench/.venv."""
@@ -260,6 +264,16 @@ def rss_kib(pid: int) -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
     raise RuntimeError("no VmRSS")
+
+
+async def rss_samples(pid: int, n: int, every: float) -> list[int]:
+    """n samples of rss_kib(pid), `every` seconds apart (the first after one wait)."""
+    import asyncio
+    samples = []
+    for _ in range(n):
+        await asyncio.sleep(every)
+        samples.append(rss_kib(pid))
+    return samples
 
 
 def threads_of(pid: int) -> int:

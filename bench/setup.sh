@@ -2,6 +2,7 @@
 # Installs what the benchmarks under bench/ need on a fresh Debian machine,
 # idempotently (only what is missing):
 #   Debian: nginx (proxy under comparison and the near-free fake backends),
+#           haproxy (2.6 on bookworm, the other proxy under comparison),
 #           wrk (saturated HTTP load), procps (ps, for ad-hoc checks)
 #   PyPI:   aiohttp (paced / SSE / routing / overload clients), matplotlib (chart)
 #   PyPI, in a venv of their own (bench/.venv, git-ignored; POIMEN_BENCH_VENV
@@ -15,6 +16,9 @@
 # Installing nginx does not start the distribution's nginx service when
 # policy-rc.d forbids it (containers); if it did start one, nothing here uses
 # port 80 anyway: every bench starts its own nginx with its own config.
+# haproxy likewise; where its service did start (systemd, no policy-rc.d), it
+# is stopped and disabled when installed here: the overhead bench starts its
+# own haproxy, and an idle one would only sit on the cores being measured.
 set -euo pipefail
 
 sudo=""
@@ -22,6 +26,7 @@ sudo=""
 
 need=()
 command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || need+=(nginx)
+command -v haproxy >/dev/null || [ -x /usr/sbin/haproxy ] || need+=(haproxy)
 command -v wrk >/dev/null || need+=(wrk)
 command -v ps >/dev/null || need+=(procps)
 python3 -c 'import ensurepip' 2>/dev/null || need+=(python3-venv)
@@ -34,6 +39,10 @@ fi
 if [ ${#need[@]} -gt 0 ]; then
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}"
+  if [[ " ${need[*]} " == *" haproxy "* ]] && command -v systemctl >/dev/null &&
+     systemctl is-active --quiet haproxy 2>/dev/null; then
+    $sudo systemctl disable --now haproxy
+  fi
 fi
 
 pyneed=()
@@ -65,4 +74,5 @@ if [ "$(installed)" != "$(printf '%s\n' "${routers[@]}")" ]; then
 fi
 
 nginx_bin=$(command -v nginx || echo /usr/sbin/nginx)
-echo "bench setup: ok ($($nginx_bin -v 2>&1), $(wrk -v 2>&1 | head -1 | awk '{print $1, $2}'), aiohttp $(python3 -c 'import aiohttp; print(aiohttp.__version__)'), matplotlib $(python3 -c 'import matplotlib; print(matplotlib.__version__)'); $venv: $(installed | paste -sd ' '))"
+haproxy_bin=$(command -v haproxy || echo /usr/sbin/haproxy)
+echo "bench setup: ok ($($nginx_bin -v 2>&1), $($haproxy_bin -v | head -1 | awk '{print $1, $3}'), $(wrk -v 2>&1 | head -1 | awk '{print $1, $2}'), aiohttp $(python3 -c 'import aiohttp; print(aiohttp.__version__)'), matplotlib $(python3 -c 'import matplotlib; print(matplotlib.__version__)'); $venv: $(installed | paste -sd ' '))"

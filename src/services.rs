@@ -3,6 +3,7 @@
 //! work (health checks, JWKS refresh, DNS discovery).
 
 use pingora::connectors::ConnectorOptions;
+use pingora::listeners::{L4BufferSettings, ListenerConfig};
 use pingora::proxy::ProxyServiceBuilder;
 use pingora::server::Server;
 use pingora::services::background::background_service;
@@ -52,7 +53,13 @@ pub fn add(
         let addr = l.addr.to_string();
         match &l.tls {
             Some(t) => proxy.add_tls_with_settings(&addr, None, tls::listener_settings(t)),
-            None => proxy.add_tcp(&addr),
+            // Plain HTTP reads straight into the request's own buffers:
+            // Pingora's default 64 KiB read buffer per connection would
+            // double what a request in flight holds (and copy its body once
+            // more). TLS keeps it: rustls reads record by record.
+            None => proxy.add_listener(
+                ListenerConfig::tcp(addr).l4_buffer(L4BufferSettings::default().read(0)),
+            ),
         }
     }
     let mut metrics = pingora_prometheus::prometheus_http_service();

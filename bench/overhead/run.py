@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Data-plane overhead of poimen-gateway, side by side with nginx, a bare
-Pingora proxy, the LLM routers a user would otherwise pick (vllm-router,
+"""Data-plane overhead of poimen-gateway, side by side with nginx, haproxy,
+a bare Pingora proxy, the LLM routers a user would otherwise pick (vllm-router,
 sglang-router) and no proxy at all, in one run with interleaved rounds.
 Entry point: run.sh.
 
@@ -8,8 +8,8 @@ Parts (all on 127.0.0.1, every process started here is stopped at the end):
   1. saturated: wrk (2 threads, 32 connections, chat.lua: ~2 KB chat bodies,
      "model" last, 64 keys in each target's key header: X-Poimen-Cache-Key,
      or X-Session-Id for vllm-router, X-SMG-Routing-Key for sglang-router)
-     for DURATION s per round, ROUNDS rounds x {direct, nginx, gateway,
-     gateway-quiet, gateway-steal, pingora-bare, pingora-read,
+     for DURATION s per round, ROUNDS rounds x {direct, nginx, haproxy,
+     gateway, gateway-quiet, gateway-steal, pingora-bare, pingora-read,
      pingora-timeouts, pingora-body, vllm-router, sglang-router}
      (--targets picks some; direct and nginx are always measured, as the
      references); backends: one nginx (1 worker) answering a fixed
@@ -18,7 +18,8 @@ Parts (all on 127.0.0.1, every process started here is stopped at the end):
      (utime+stime from /proc/<pid>/stat over the run / requests completed).
   2. paced: wrk + paced.lua (delay()) at ~RATE req/s, latency vs direct.
   3. SSE: vllm-sim x4 with --time-scale 0 streaming; time to first byte
-     (first SSE event) direct vs nginx vs gateway, sequential requests.
+     (first SSE event) direct vs nginx (vs haproxy) vs gateway, sequential
+     requests.
   4. RSS: a fresh gateway idle, then with STREAMS open SSE streams through it
      to 4 slow vllm-sim instances.
 Parts 3 and 4 run when `gateway` is among the targets (and --sse-rounds /
@@ -83,7 +84,7 @@ ROUTERS = {
 # gateway's policy (pingora-baseline/src/main.rs).
 BAREBONES = {"pingora-bare": [], "pingora-read": ["--read"], "pingora-timeouts": ["--read", "--timeouts"],
              "pingora-body": ["--body"]}
-ALL_TARGETS = ("direct", "nginx") + GATEWAYS + tuple(BAREBONES) + tuple(ROUTERS)
+ALL_TARGETS = ("direct", "nginx", "haproxy") + GATEWAYS + tuple(BAREBONES) + tuple(ROUTERS)
 
 FAKE_BODY = ('{"id":"chatcmpl-bench","object":"chat.completion","created":1700000000,'
              '"model":"bench-model","choices":[{"index":0,"message":{"role":"assistant",'
@@ -200,6 +201,49 @@ def proxy_conf(wd: Path, workers: int, port: int, backend_ports: list[int],
     return path
 
 
+def haproxy_conf(wd: Path, threads: int, port: int, backend_ports: list[int],
+                 sse_port: int, sim_ports: list[int]) -> Path:
+    """haproxy set up as the nginx row: the key header hashed consistently
+    over the same backends, keep-alive on both sides (idle server
+    connections shared between clients), no logging (no `log` line), and a
+    second frontend over the sims for the SSE part. Bodies stream through
+    (no http-buffer-request) in buffers of 64 KB, nginx's
+    client_body_buffer_size here; the timeouts are nginx's keepalive_timeout.
+    maxconn 4096, not nginx's 16384 connections: haproxy wants two
+    descriptors per connection and refuses to start when it cannot raise its
+    limit that far (20,000 here)."""
+    def backend(name: str, ports: list[int]) -> str:
+        servers = "".join(f"  server {name}{i} 127.0.0.1:{p}\n" for i, p in enumerate(ports))
+        return f"""backend {name}
+  balance hdr({KEY_HEADER})
+  hash-type consistent
+  http-reuse always
+{servers}"""
+    conf = f"""global
+  nbthread {threads}
+  maxconn 4096
+  tune.bufsize 65536
+defaults
+  mode http
+  option http-keep-alive
+  maxconn 4096
+  timeout connect 5s
+  timeout client 120s
+  timeout server 120s
+  timeout http-request 120s
+  timeout http-keep-alive 120s
+frontend chat
+  bind 127.0.0.1:{port} backlog 4096
+  default_backend fakes
+frontend sse
+  bind 127.0.0.1:{sse_port} backlog 4096
+  default_backend sims
+""" + backend("fakes", backend_ports) + backend("sims", sim_ports)
+    path = wd / "haproxy.cfg"
+    path.write_text(conf)
+    return path
+
+
 def baseline_bin(bins: Path) -> Path | None:
     """bench/overhead/pingora-baseline, built into the same target dir as the
     gateway (cargo build --release --manifest-path ...; a no-op when it is
@@ -219,6 +263,18 @@ def start_nginx(procs: C.Procs, name: str, conf: Path, port: int):
     if chk.returncode != 0:
         raise RuntimeError(f"nginx -t {conf}: {chk.stderr}")
     p = procs.start(name, [C.nginx_bin(), "-c", str(conf)])
+    C.wait_port(port, proc=p)
+    return p
+
+
+def start_haproxy(procs: C.Procs, conf: Path, port: int):
+    """One haproxy process in the foreground (-db: no daemon, no master), so
+    the bench's pid is the process that does the work and its CPU column is
+    that process's."""
+    chk = subprocess.run([C.haproxy_bin(), "-c", "-f", str(conf)], capture_output=True, text=True)
+    if chk.returncode != 0:
+        raise RuntimeError(f"haproxy -c -f {conf}: {chk.stdout}{chk.stderr}")
+    p = procs.start("haproxy", [C.haproxy_bin(), "-db", "-f", str(conf)])
     C.wait_port(port, proc=p)
     return p
 
@@ -440,10 +496,7 @@ async def hold_streams(port: int, gw_pid: int, n: int, max_tokens: int) -> dict:
         except asyncio.TimeoutError:
             pass
         t_open = time.perf_counter() - t0
-        samples = []
-        for _ in range(5):
-            await asyncio.sleep(0.5)
-            samples.append(C.rss_kib(gw_pid))
+        samples = await C.rss_samples(gw_pid, 5, 0.5)
         threads = C.threads_of(gw_pid)
         open_streams = started
         release.set()
@@ -472,7 +525,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--duration", type=float, default=10.0, help="seconds per saturated round")
     ap.add_argument("--threads", type=int, default=1,
-                    help="nginx worker_processes = gateway threads = routers' TOKIO_WORKER_THREADS")
+                    help="nginx worker_processes = haproxy nbthread = gateway threads = routers' TOKIO_WORKER_THREADS")
     ap.add_argument("--conns", type=int, default=32)
     ap.add_argument("--paced-rounds", type=int, default=3)
     ap.add_argument("--paced-duration", type=float, default=10.0)
@@ -532,7 +585,7 @@ def main() -> int:
 
     C.signals_raise()
     C.raise_nofile()
-    C.need_tools("wrk", "nginx")
+    C.need_tools("wrk", "nginx", *(["haproxy"] if "haproxy" in chosen else []))
     venv = C.bench_venv()
     for name in ROUTERS:
         if name in chosen and not (venv / "bin" / name).exists():
@@ -551,6 +604,7 @@ def main() -> int:
         fake_ports = all_ports[:4]
         sim_ports = [C.free_port() for _ in range(4)]
         proxy_port, proxy_sse_port = C.free_port(), C.free_port()
+        hap_port, hap_sse_port = C.free_port(), C.free_port()
 
         backends = start_nginx(procs, "backends", backends_conf(wd, all_ports), all_ports[-1])
         if sse_on:
@@ -559,6 +613,8 @@ def main() -> int:
                             "--kv-cache-tokens", "1048576", model=FAST_MODEL)
         proxy = start_nginx(procs, "proxy", proxy_conf(wd, T, proxy_port, fake_ports, proxy_sse_port, sim_ports),
                             proxy_sse_port)
+        hap = start_haproxy(procs, haproxy_conf(wd, T, hap_port, fake_ports, hap_sse_port, sim_ports),
+                            hap_port) if "haproxy" in chosen else None
         def models_on(ports: list[int]) -> list[dict]:
             return [{"name": FAKE_MODEL, "addresses": [f"127.0.0.1:{p}" for p in ports]},
                     {"name": FAST_MODEL, "addresses": [f"127.0.0.1:{p}" for p in sim_ports]}]
@@ -596,7 +652,8 @@ def main() -> int:
         targets = [
             {"name": "direct", "port": fake_ports[0], "pid": backends.pid},
             {"name": "nginx", "port": proxy_port, "pid": proxy.pid},
-        ] + [{"name": name, "port": port, "pid": p.pid} for name, (p, port, _) in gateways.items()]
+        ] + ([{"name": "haproxy", "port": hap_port, "pid": hap.pid}] if hap else []) \
+          + [{"name": name, "port": port, "pid": p.pid} for name, (p, port, _) in gateways.items()]
         for t in targets:
             if t["name"] == "gateway-tenants":
                 t["tenant_header"] = TENANT_HEADER
@@ -663,6 +720,8 @@ def main() -> int:
 
         # ---- 3. SSE time to first byte (with the gateway only: it is the gateway's)
         sse_targets = [("direct", sim_ports[0]), ("nginx", proxy_sse_port)]
+        if hap:
+            sse_targets.append(("haproxy", hap_sse_port))
         if sse_on:
             sse_targets.append(("gateway", gateways["gateway"][1]))
             print(f"SSE: {a.sse_rounds} rounds x {a.sse_requests} sequential streams per target "
@@ -773,6 +832,12 @@ def rss_part(a, T: int, wd: Path, procs: C.Procs, bins: Path) -> dict:
     return {"idle": rss_idle, "hold": hold, "after": rss_after, "inflight_after": inflight_after}
 
 
+def haproxy_version() -> str:
+    """e.g. 2.6.12, from `HAProxy version 2.6.12-1+deb12u4 2026/10/17 - ...`."""
+    out = subprocess.run([C.haproxy_bin(), "-v"], capture_output=True, text=True).stdout
+    return out.split()[2].split("-")[0]
+
+
 def prom_codes(text: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for line in text.splitlines():
@@ -798,9 +863,11 @@ def render(a, T, targets, sat, paced, sse, rss, bins, elapsed, failures) -> str:
     routers = [n for n in ROUTERS if n in by_name]
     versions = "".join(f", {n} {by_name[n]['version']}" for n in routers)
     w(f"- nginx {subprocess.run([C.nginx_bin(), '-v'], capture_output=True, text=True).stderr.strip().split('/')[-1]}"
-      f" (Debian), wrk {subprocess.run(['wrk', '-v'], capture_output=True, text=True).stdout.split()[1]} (Debian)"
+      f" (Debian), {f'haproxy {haproxy_version()} (Debian), ' if 'haproxy' in by_name else ''}"
+      f"wrk {subprocess.run(['wrk', '-v'], capture_output=True, text=True).stdout.split()[1]} (Debian)"
       f"{versions}{' (PyPI, in the venv `bench/setup.sh` makes)' if routers else ''}")
-    w(f"- proxies: **{T} worker/thread each** (nginx `worker_processes {T}`, gateway `threads: {T}`"
+    w(f"- proxies: **{T} worker/thread each** (nginx `worker_processes {T}`"
+      f"{f', haproxy `nbthread {T}`' if 'haproxy' in by_name else ''}, gateway `threads: {T}`"
       f"{f', routers `TOKIO_WORKER_THREADS={T}`' if routers else ''})")
     args = " ".join(sys.argv[1:])
     w(f"- command: `bash bench/overhead/run.sh{(' ' + args) if args else ''}` (in effect: `--rounds {a.rounds} "
@@ -829,6 +896,13 @@ def render(a, T, targets, sat, paced, sse, rss, bins, elapsed, failures) -> str:
     w("- `nginx`: `upstream { hash $http_x_poimen_cache_key consistent; server ...x4; keepalive 64; }`, "
       "`proxy_http_version 1.1; proxy_set_header Connection \"\";`, `access_log off`, "
       "`keepalive_requests 1000000` (client side and upstream, so neither side reconnects every 1,000 requests).")
+    if "haproxy" in sat:
+        w(f"- `haproxy`: one process (`-db`), `nbthread {T}`, `mode http`, `balance hdr(X-Poimen-Cache-Key)`, "
+          "`hash-type consistent` over the same 4 backends, `option http-keep-alive`, "
+          "`http-reuse always` (idle server connections shared between clients), no logging, `tune.bufsize 65536`: "
+          "bodies stream through in 64 KB buffers (no `http-buffer-request`; nginx here buffers a request body "
+          "whole before sending it on), timeouts 120 s (nginx's `keepalive_timeout`), `maxconn 4096`. "
+          "Also in the paced part, and in the SSE part (a second frontend over the sims) when that runs.")
     if "gateway" in sat:
         w("- `gateway`: poimen-gateway, the 4 backends under one model, `scheduler: {max_num_seqs: 4096 (the largest the config allows; 32 connections never reach it), "
           "max_queue_depth: 0}`, `stream_usage: true`, default logging (`RUST_LOG=info`: one JSON "
@@ -913,7 +987,8 @@ def render(a, T, targets, sat, paced, sse, rss, bins, elapsed, failures) -> str:
       "backends answer with their port): " + "; ".join(f"{t['name']}: {t['check']}" for t in targets[1:]) + ".")
     w("- errors: wrk's count (connect, read, write, timeout, and answers with status ≥ 400) over all rounds.")
     w("- CPU µs/req = (utime+stime of the proxy's processes from /proc/<pid>/stat after the run − before) / "
-      "requests completed; nginx = master + worker; a router = its one process (launcher and router, all threads).")
+      "requests completed; nginx = master + worker; haproxy = its one process (all threads); "
+      "a router = its one process (launcher and router, all threads).")
     w("")
     gws = [n for n in sat if n.startswith("gateway") or n in extra_rows(a)]
     if "pingora-bare" in sat and "gateway" in sat and len(gws) > 1:
@@ -986,7 +1061,9 @@ def render(a, T, targets, sat, paced, sse, rss, bins, elapsed, failures) -> str:
           "~2 KB body, 64 keys) one after another on one keep-alive connection per target and round; "
           "TTFB = request sent → first `data:` event; first token = → first chunk with content. "
           f"{a.sse_rounds} rounds interleaved; medians. nginx here: the same upstream block over the sims, "
-          "`proxy_buffering off`. The gateway adds `stream_options.include_usage` and strips the usage chunk.")
+          "`proxy_buffering off`"
+          f"{'; haproxy: a second frontend, the same backend section over the sims (it forwards response data as it arrives)' if 'haproxy' in sse else ''}. "
+          "The gateway adds `stream_options.include_usage` and strips the usage chunk.")
         w("")
         w("| target | TTFB p50 ms | TTFB p99 ms | first token p50 ms | first token p99 ms | whole stream p50 ms | TTFB p50 vs direct |")
         w("|---|---:|---:|---:|---:|---:|---:|")
