@@ -37,6 +37,9 @@ pub struct Tracker {
     strip: bool,
     header_cached: Option<u64>,
     body: BodyScan,
+    /// The usage, read once the body ended: the proxy asks for it more
+    /// than once (the slot's charge, the metrics, the trace).
+    ended: Option<Usage>,
 }
 
 impl Tracker {
@@ -48,6 +51,7 @@ impl Tracker {
             strip,
             header_cached: None,
             body: BodyScan::None,
+            ended: None,
         }
     }
 
@@ -98,10 +102,17 @@ impl Tracker {
                 *body = Some(out);
             }
         }
+        if end_of_stream {
+            self.ended = Some(self.read_usage());
+        }
     }
 
     /// What is known once the response is over; the header wins for cached.
     pub fn usage(&self) -> Usage {
+        self.ended.unwrap_or_else(|| self.read_usage())
+    }
+
+    fn read_usage(&self) -> Usage {
         let body = match &self.body {
             BodyScan::None => None,
             BodyScan::Json(scan) => scan.finish(),
@@ -225,6 +236,25 @@ mod tests {
                 completion_tokens: Some(7),
             }
         );
+    }
+
+    #[test]
+    fn usage_is_read_from_what_came_until_the_body_ends() {
+        let mut t = Tracker::new(Dialect::Completions, false);
+        t.on_header(200, &headers(&[("content-type", JSON)]));
+        let (head, tail) = USAGE_JSON.split_at(USAGE_JSON.len() - 10);
+        t.on_body(&mut Some(Bytes::from(head)), false);
+        // The backend stopped mid-body: no usage yet, nothing kept.
+        assert_eq!(t.usage(), Usage::default());
+        t.on_body(&mut Some(Bytes::from(tail)), false);
+        t.on_body(&mut None, true);
+        let whole = Usage {
+            prompt_tokens: Some(100),
+            cached_tokens: Some(64),
+            completion_tokens: Some(7),
+        };
+        assert_eq!(t.usage(), whole);
+        assert_eq!(t.ended, Some(whole));
     }
 
     #[test]

@@ -62,8 +62,26 @@ pub struct Upstream<'a> {
 /// - with load feedback, the gateway's own question for a load report, in
 ///   the one format it reads, whatever the client asked.
 pub fn rewrite_upstream(upstream: &mut RequestHeader, to: &Upstream) -> pingora::Result<()> {
-    upstream.remove_header(&http::header::TRANSFER_ENCODING);
-    upstream.insert_header(http::header::CONTENT_LENGTH, HeaderValue::from(to.body_len))?;
+    let chunked = upstream
+        .remove_header(&http::header::TRANSFER_ENCODING)
+        .is_some();
+    // The client's own length, when it is the body's, stays as it came
+    // (Pingora's header insert is the costly step here).
+    let mut lengths = upstream
+        .headers
+        .get_all(http::header::CONTENT_LENGTH)
+        .iter();
+    let kept = match (lengths.next(), lengths.next()) {
+        // Digits only: Rust's parse also takes a sign, HTTP does not.
+        (Some(v), None) => {
+            v.as_bytes().iter().all(u8::is_ascii_digit)
+                && v.to_str().ok().and_then(|s| s.parse().ok()) == Some(to.body_len)
+        }
+        _ => false,
+    };
+    if chunked || !kept {
+        upstream.insert_header(http::header::CONTENT_LENGTH, HeaderValue::from(to.body_len))?;
+    }
     upstream.remove_header(WARMUP);
     if to.warmup {
         upstream.insert_header("X-Priority", "low")?;
@@ -147,6 +165,33 @@ mod tests {
         rewrite_upstream(&mut r, &to(false)).unwrap();
         assert!(r.headers.get(WARMUP).is_none());
         assert!(r.headers.get("x-priority").is_none());
+    }
+
+    #[test]
+    fn the_upstream_length_is_the_bodys() {
+        let to = Upstream {
+            body_len: 12,
+            warmup: false,
+            vllm_priority: None,
+            tenant_header: None,
+            api_key: None,
+            load_report: false,
+        };
+        let cases: [&[(&str, &str)]; 6] = [
+            &[("content-length", "12")],
+            &[("content-length", "40")],
+            &[("content-length", "12"), ("content-length", "12")],
+            &[("content-length", "+12")],
+            &[("content-length", "12"), ("transfer-encoding", "chunked")],
+            &[],
+        ];
+        for client in cases {
+            let mut r = req("/v1/chat/completions", client);
+            rewrite_upstream(&mut r, &to).unwrap();
+            let lengths: Vec<_> = r.headers.get_all("content-length").iter().collect();
+            assert_eq!(lengths, ["12"], "{client:?}");
+            assert!(r.headers.get("transfer-encoding").is_none());
+        }
     }
 
     #[test]
