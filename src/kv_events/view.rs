@@ -16,8 +16,9 @@
 //! AllBlocksCleared: the backend holds nothing
 //! ```
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
+
+use rustc_hash::FxHashMap;
 
 use super::wire::{BlockHash, Event, Medium, Stored};
 use crate::routing::chain::{namespace_of, token_link};
@@ -42,7 +43,7 @@ pub struct Holdings {
     block_size: usize,
     /// vLLM's name of each block held -> its link (before its namespace)
     /// and its name in the index.
-    blocks: HashMap<BlockHash, (u64, u64)>,
+    blocks: FxHashMap<BlockHash, (u64, u64)>,
     /// Blocks known at most: past it, the backend is forgotten and learnt
     /// again (the index's own bound is the same).
     max: usize,
@@ -53,7 +54,7 @@ impl Holdings {
         Holdings {
             addr,
             block_size,
-            blocks: HashMap::new(),
+            blocks: FxHashMap::default(),
             max,
         }
     }
