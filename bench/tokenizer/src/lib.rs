@@ -115,6 +115,18 @@ pub fn model_dir(name: &str) -> PathBuf {
     root.join(name)
 }
 
+/// The command line's arguments, and the model a leading `--model NAME`
+/// names (default `qwen3`) taken out of them.
+pub fn model_and_args() -> (String, Vec<String>) {
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let mut model = "qwen3".to_string();
+    if args.first().map(String::as_str) == Some("--model") && args.len() > 1 {
+        model = args[1].clone();
+        args.drain(..2);
+    }
+    (model, args)
+}
+
 /// Threads: every candidate single-threaded, whatever it would do alone
 /// (fastokens and tokie fan a long input out over all cores by default).
 /// To be called first thing, before any candidate is loaded.

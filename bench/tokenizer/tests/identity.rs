@@ -271,13 +271,18 @@ const RUNS: &[&str] = &[
 ];
 
 fn runs() -> impl Strategy<Value = String> {
-    let all: &'static [&'static str] = Box::leak(
-        [SPECIAL, WHITESPACE, DIGITS, NFC, CONTRACTIONS]
-            .concat()
-            .into_boxed_slice(),
-    );
+    let all = every_piece(NFC);
     (pieces(all), select(RUNS), 1usize..5000, pieces(all))
         .prop_map(|(a, p, n, b)| a + &p.repeat(n) + &b)
+}
+
+/// Every list of pieces, with `nfc` for the marks NFC changes.
+fn every_piece(nfc: &[&'static str]) -> &'static [&'static str] {
+    Box::leak(
+        [SPECIAL, WHITESPACE, DIGITS, nfc, CONTRACTIONS]
+            .concat()
+            .into_boxed_slice(),
+    )
 }
 
 fn pieces(list: &'static [&'static str]) -> impl Strategy<Value = String> {
@@ -296,11 +301,7 @@ fn any_input() -> BoxedStrategy<String> {
     if old_only() {
         return old_input().boxed();
     }
-    let all: &'static [&'static str] = Box::leak(
-        [SPECIAL, WHITESPACE, DIGITS, NFC, CONTRACTIONS]
-            .concat()
-            .into_boxed_slice(),
-    );
+    let all = every_piece(NFC);
     prop_oneof![
         "[ -~\t\n\r]{0,160}",
         prop::collection::vec(any::<char>(), 0..80).prop_map(|v| v.into_iter().collect::<String>()),
@@ -361,11 +362,7 @@ fn old_input() -> impl Strategy<Value = String> {
         "'s",
         "1",
     ];
-    let all: &'static [&'static str] = Box::leak(
-        [SPECIAL, WHITESPACE, DIGITS, NFC_OLD, CONTRACTIONS]
-            .concat()
-            .into_boxed_slice(),
-    );
+    let all = every_piece(NFC_OLD);
     prop_oneof![
         "[ -~\t\n\r]{0,160}",
         (any::<u64>(), 0usize..400)

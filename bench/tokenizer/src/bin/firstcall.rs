@@ -27,12 +27,7 @@ fn mib(b: isize) -> String {
 
 fn main() {
     tokbench::single_threaded();
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let model = if args.first().map(String::as_str) == Some("--model") {
-        args[1].clone()
-    } else {
-        "qwen3".into()
-    };
+    let (model, _) = tokbench::model_and_args();
     let dir = tokbench::model_dir(&model);
     let corpus = Corpus::load();
     let f = Family::of(&dir);

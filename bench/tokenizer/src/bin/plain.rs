@@ -14,12 +14,7 @@ fn cpu_ns() -> u64 {
 
 fn main() {
     tokbench::single_threaded();
-    let mut args: Vec<String> = std::env::args().skip(1).collect();
-    let mut model = "qwen3".to_string();
-    if args.first().map(String::as_str) == Some("--model") {
-        model = args[1].clone();
-        args.drain(..2);
-    }
+    let (model, args) = tokbench::model_and_args();
     let n: u64 = args.first().and_then(|a| a.parse().ok()).unwrap_or(15);
     let dir = tokbench::model_dir(&model);
     let corpus = Corpus::load();

@@ -3,12 +3,7 @@
 //! `probe [--model NAME] STRING...`
 fn main() {
     tokbench::single_threaded();
-    let mut args: Vec<String> = std::env::args().skip(1).collect();
-    let mut model = "qwen3".to_string();
-    if args.first().map(String::as_str) == Some("--model") {
-        model = args[1].clone();
-        args.drain(..2);
-    }
+    let (model, args) = tokbench::model_and_args();
     let dir = tokbench::model_dir(&model);
     let cands: Vec<_> = tokbench::names()
         .into_iter()
