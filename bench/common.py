@@ -75,6 +75,13 @@ def bench_venv() -> Path:
     return Path(os.environ.get("POIMEN_BENCH_VENV", BENCH / ".venv")).absolute()
 
 
+def router_venv(router: str) -> Path:
+    """The venv bench/setup.sh installs `router` into: smg's is its own,
+    bench_venv() + "-smg" (sglang-router 0.3.2 installs a `smg` script too)."""
+    venv = bench_venv()
+    return venv.with_name(venv.name + "-smg") if router == "smg" else venv
+
+
 # --------------------------------------------------------------------------
 # ports
 
@@ -338,7 +345,10 @@ def start_gateway(procs: Procs, bins: Path, name: str, cfg: Path, port: int,
 
 # The header each router's session-key policy reads the key from:
 # vllm-router's consistent_hash and sglang-router's manual policy.
-ROUTER_KEY_HEADERS = {"vllm-router": "X-Session-Id", "sglang-router": "X-SMG-Routing-Key"}
+# smg's consistent_hashing and manual policies read X-SMG-Routing-Key (its
+# --routing-key-headers default), as sglang-router's manual one does.
+ROUTER_KEY_HEADERS = {"vllm-router": "X-Session-Id", "sglang-router": "X-SMG-Routing-Key",
+                      "smg": "X-SMG-Routing-Key"}
 
 
 def router_version(venv: Path, dist: str) -> str:
@@ -350,7 +360,7 @@ def router_version(venv: Path, dist: str) -> str:
 
 def router_argv(router: str, venv: Path, port: int, metrics_port: int, backend_ports: list[int],
                 policy: str) -> list[str]:
-    """`router` ("vllm-router" or "sglang-router") as a user would start it in
+    """`router` ("vllm-router", "sglang-router" or "smg") as a user would start it in
     front of these backends, with `policy`; the rest at its defaults (retries,
     circuit breaker, health checks, metrics), bound to loopback, logging at
     warn."""
@@ -362,9 +372,11 @@ def router_argv(router: str, venv: Path, port: int, metrics_port: int, backend_p
         # "--log-level warning" alone still logs 3 INFO lines per request in
         # 0.1.17 (consistent_hash debug lines); RUST_LOG=warn (start_router) quiets them
         return [str(venv / "bin" / "vllm-router"), *common, "--log-level", "warning"]
-    if router == "sglang-router":
-        # the default 180 s shutdown grace would outlast Procs.stop's 5 s SIGTERM wait
-        return [str(venv / "bin" / "sglang-router"), "launch", *common, "--log-level", "warn",
+    if router in ("sglang-router", "smg"):
+        # smg 1.13 (PyPI `smg`, what sglang-router's router became) takes
+        # sglang-router's flags; the default 180 s shutdown grace would
+        # outlast Procs.stop's 5 s SIGTERM wait
+        return [str(venv / "bin" / router), "launch", *common, "--log-level", "warn",
                 "--shutdown-grace-period-secs", "1"]
     raise ValueError(router)
 
@@ -372,8 +384,8 @@ def router_argv(router: str, venv: Path, port: int, metrics_port: int, backend_p
 def start_router(procs: Procs, name: str, router: str, venv: Path, threads: int, port: int,
                  backend_ports: list[int], policy: str, ready, timeout: float = 60.0) -> subprocess.Popen:
     """Starts `router` (process name `name`, its log `<name>.log`) with
-    `threads` tokio worker threads (TOKIO_WORKER_THREADS: neither has a flag
-    for it; both build tokio's multi-thread runtime without setting a count,
+    `threads` tokio worker threads (TOKIO_WORKER_THREADS: none has a flag
+    for it; each builds tokio's multi-thread runtime without setting a count,
     so tokio reads the variable), RUST_LOG=warn and NO_COLOR=1, and waits
     until it proxies: until `ready(port)` returns without raising (listening
     is not yet routing: the routers register their workers after they bind)."""

@@ -8,7 +8,10 @@
 #   PyPI, in a venv of their own (bench/.venv, git-ignored; POIMEN_BENCH_VENV
 #           puts it elsewhere), pinned: vllm-router 0.1.17 and sglang-router
 #           0.3.2, the LLM routers bench/overhead and bench/routing (its peer
-#           modes) compare the gateway with
+#           modes) compare the gateway with; and in a venv of its own
+#           (bench/.venv-smg, or that path + "-smg"), pinned: smg 1.13.0 (the
+#           SGLang Model Gateway, bench/routing's smg-* peers), apart because
+#           sglang-router 0.3.2 installs a console script named smg too
 #           (Debian: python3-venv when Python's venv module lacks ensurepip)
 # With --profile also: linux-perf, strace, curl, heaptrack (for
 # bench/overhead/profile.py and allocs.py only).
@@ -53,13 +56,16 @@ if [ ${#pyneed[@]} -gt 0 ]; then
     python3 -m pip install -q --disable-pip-version-check --break-system-packages "${pyneed[@]}"
 fi
 
-# the routers: one venv, exact versions; pip runs only when one differs
+# the routers: exact versions, each venv with its pins; pip runs only when one
+# differs. smg (the `smg` dist) has a venv of its own: sglang-router 0.3.2
+# already puts a `smg` script in bin/, and the two would overwrite each other.
 here="$(cd "$(dirname "$0")" && pwd)"
 venv="${POIMEN_BENCH_VENV:-$here/.venv}"
+smg_venv="${venv%/}-smg"  # C.router_venv("smg") in bench/common.py
 routers=(vllm-router==0.1.17 sglang-router==0.3.2)
-"$venv/bin/python" -m pip --version >/dev/null 2>&1 || python3 -m venv --clear "$venv"
-installed() {  # name==version (or "name missing") of each pinned router, one a line
-  "$venv/bin/python" -c '
+smg_routers=(smg==1.13.0)
+installed() {  # venv pin...: name==version (or "name missing") of each pin, one a line
+  "$1/bin/python" -c '
 import importlib.metadata as m, sys
 for spec in sys.argv[1:]:
     name = spec.split("==")[0]
@@ -67,12 +73,17 @@ for spec in sys.argv[1:]:
         print(f"{name}=={m.version(name)}")
     except m.PackageNotFoundError:
         print(f"{name} missing")
-' "${routers[@]}"
+' "${@:2}"
 }
-if [ "$(installed)" != "$(printf '%s\n' "${routers[@]}")" ]; then
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check "${routers[@]}"
-fi
+pin() {  # venv pin...: makes the venv if needed, installs the pins if one differs
+  "$1/bin/python" -m pip --version >/dev/null 2>&1 || python3 -m venv --clear "$1"
+  if [ "$(installed "$@")" != "$(printf '%s\n' "${@:2}")" ]; then
+    "$1/bin/python" -m pip install -q --disable-pip-version-check "${@:2}"
+  fi
+}
+pin "$venv" "${routers[@]}"
+pin "$smg_venv" "${smg_routers[@]}"
 
 nginx_bin=$(command -v nginx || echo /usr/sbin/nginx)
 haproxy_bin=$(command -v haproxy || echo /usr/sbin/haproxy)
-echo "bench setup: ok ($($nginx_bin -v 2>&1), $($haproxy_bin -v | head -1 | awk '{print $1, $3}'), $(wrk -v 2>&1 | head -1 | awk '{print $1, $2}'), aiohttp $(python3 -c 'import aiohttp; print(aiohttp.__version__)'), matplotlib $(python3 -c 'import matplotlib; print(matplotlib.__version__)'); $venv: $(installed | paste -sd ' '))"
+echo "bench setup: ok ($($nginx_bin -v 2>&1), $($haproxy_bin -v | head -1 | awk '{print $1, $3}'), $(wrk -v 2>&1 | head -1 | awk '{print $1, $2}'), aiohttp $(python3 -c 'import aiohttp; print(aiohttp.__version__)'), matplotlib $(python3 -c 'import matplotlib; print(matplotlib.__version__)'); $venv: $(installed "$venv" "${routers[@]}" | paste -sd ' '); $smg_venv: $(installed "$smg_venv" "${smg_routers[@]}" | paste -sd ' '))"

@@ -2,7 +2,7 @@
 """Routing quality: prefix-cache reuse and time to first token through
 poimen-gateway in front of 4 (or 3) vllm-sim instances with tight KV caches,
 side by side (optionally) with the cache-aware and session-key policies of
-vllm-router and sglang-router in the gateway's place (PEERS).
+vllm-router, sglang-router and smg in the gateway's place (PEERS).
 
 Workload (seeded, identical in every mode): agent sessions; each has a long
 system prompt shared by all sessions (6,000 bytes = 1,500 sim tokens) and a
@@ -78,17 +78,23 @@ restarted before each: cold caches; gateway max_num_seqs 4 (= the sims'
                   cost over the prefix index
   cost-no-key     no header, round-robin order, routing.prefix_index
   cost-system     no header, routing.keyless: system, routing.prefix_index
-Peers (not run by default; PEERS): the LLM router from bench/.venv (bash
-bench/setup.sh) in the gateway's place, in front of the same sims, started
-as bench/overhead does (C.start_router: loopback, log level warn,
-RUST_LOG=warn, NO_COLOR=1, TOKIO_WORKER_THREADS=--router-threads), at its
-defaults but for the policy; no gateway scheduler in front of them:
+Peers (not run by default; PEERS): the LLM router from bench/.venv (smg:
+bench/.venv-smg; bash bench/setup.sh) in the gateway's place, in front of
+the same sims, started as bench/overhead does (C.start_router: loopback, log
+level warn, RUST_LOG=warn, NO_COLOR=1, TOKIO_WORKER_THREADS=--router-threads;
+smg with sglang-router's flags), at its defaults but for the policy; no
+gateway scheduler in front of them:
   sglang-cache-aware           sglang-router launch --policy cache_aware; no key
   sglang-manual                sglang-router launch --policy manual; session id
                                in X-SMG-Routing-Key
   vllm-router-cache-aware      vllm-router --policy cache_aware; no key
   vllm-router-consistent-hash  vllm-router --policy consistent_hash; session
                                id in X-Session-Id
+  smg-cache-aware              smg launch --policy cache_aware (smg 1.13, the
+                               SGLang Model Gateway sglang-router became); no
+                               key
+  smg-consistent-hash          smg launch --policy consistent_hashing; session
+                               id in X-SMG-Routing-Key
 They send no X-Poimen-Backend or X-Poimen-Route (same-backend columns: —).
 A router is ready once a 4-token chat request through it is answered; the
 sims' counters are read after that and after the workload, and the
@@ -426,18 +432,21 @@ MODES = {
     "cost-system": {"key": False, "queue": "large", "overflow": "reject",
                     "routing": {"keyless": "system", "prefix_index": {}}},
 }
-# The peers: an LLM router from bench/.venv (bench/setup.sh pins them) in the
-# gateway's place, in front of the same sims, at its defaults but for its
-# policy (C.router_argv: loopback, log level warn, sglang-router's shutdown
-# grace 1 s; TOKIO_WORKER_THREADS = --router-threads, RUST_LOG=warn,
-# NO_COLOR=1). "key": the client sends the session id in the router's key
-# header (C.ROUTER_KEY_HEADERS). No gateway, so no gateway scheduler: the
-# requests go straight to the sims, which queue them (FIFO, unbounded).
+# The peers: an LLM router from bench/.venv (bench/setup.sh pins them; smg
+# from bench/.venv-smg, C.router_venv) in the gateway's place, in front of the
+# same sims, at its defaults but for its policy (C.router_argv: loopback, log
+# level warn, sglang-router's and smg's shutdown grace 1 s;
+# TOKIO_WORKER_THREADS = --router-threads, RUST_LOG=warn, NO_COLOR=1). "key":
+# the client sends the session id in the router's key header
+# (C.ROUTER_KEY_HEADERS). No gateway, so no gateway scheduler: the requests go
+# straight to the sims, which queue them (FIFO, unbounded).
 PEERS = {
     "sglang-cache-aware": {"router": "sglang-router", "policy": "cache_aware", "key": False},
     "sglang-manual": {"router": "sglang-router", "policy": "manual", "key": True},
     "vllm-router-cache-aware": {"router": "vllm-router", "policy": "cache_aware", "key": False},
     "vllm-router-consistent-hash": {"router": "vllm-router", "policy": "consistent_hash", "key": True},
+    "smg-cache-aware": {"router": "smg", "policy": "cache_aware", "key": False},
+    "smg-consistent-hash": {"router": "smg", "policy": "consistent_hashing", "key": True},
 }
 for _name, _peer in PEERS.items():
     MODES[_name] = {"key": _peer["key"], "peer": _peer, "queue": None, "overflow": None, "routing": None}
@@ -493,10 +502,9 @@ def preflight(bins: Path, wd: Path, modes: list[str], a) -> dict[str, str]:
     modes whose config the binary refuses, with its message."""
     ports = [C.free_port() for _ in range(MAX_SIMS)]
     refused = {}
-    venv = C.bench_venv()
     for m in modes:
         if m in PEERS:
-            exe = venv / "bin" / PEERS[m]["router"]
+            exe = C.router_venv(PEERS[m]["router"]) / "bin" / PEERS[m]["router"]
             if not exe.exists():
                 refused[m] = f"{exe} missing (run bash bench/setup.sh)"
             continue
@@ -521,7 +529,7 @@ def mode_config_text(mode: str, a) -> str:
     if mode in PEERS:
         pr = m["peer"]
         return (f"| `{mode}` | {'session id in `' + key_header(mode) + '`' if m['key'] else 'none'} | — (no "
-                f"gateway) | — | {pr['router']} {C.router_version(C.bench_venv(), pr['router'])} "
+                f"gateway) | — | {pr['router']} {C.router_version(C.router_venv(pr['router']), pr['router'])} "
                 f"`--policy {pr['policy']}` |")
     routing = ", ".join(f"{k}: {v}" for k, v in (m["routing"] or {}).items()) or "—"
     return (f"| `{mode}` | {'session id' if m['key'] else 'none'} | {queue_depth(mode, a)} | {m['overflow']} | "
@@ -545,8 +553,8 @@ def run_mode(bins, wd, procs, mode: str, variant: str, branches, a, kv_tokens: i
     cfg = None
     if mode in PEERS:
         pr = PEERS[mode]
-        front = C.start_router(procs, f"router-{variant}-{mode}", pr["router"], C.bench_venv(), a.router_threads,
-                               front_port, sim_ports, pr["policy"], router_ready)
+        front = C.start_router(procs, f"router-{variant}-{mode}", pr["router"], C.router_venv(pr["router"]),
+                               a.router_threads, front_port, sim_ports, pr["policy"], router_ready)
     else:
         cfg = gateway_config(wd, f"gw-{variant}-{mode}", mode, sim_ports, a, front_port, C.free_port(),
                              kv_tokens)
@@ -931,17 +939,20 @@ def render(a, kv, base, workloads, heads, oracles, med, runs, modes, variants, r
       "prefills each request in its own slot: a miss delays that request, not the others in the batch).")
     peers = [m for m in modes if m in PEERS]
     if peers:
-        venv = C.bench_venv()
         w("- peers (" + ", ".join(f"`{m}`" for m in peers) + "): an LLM router in the gateway's place, in front of "
           "the same sims, restarted before every run, as a new user would start it: `"
           + "`; `".join(peer_command(m) for m in peers)
           + f"` with `RUST_LOG=warn NO_COLOR=1 TOKIO_WORKER_THREADS={a.router_threads}`, everything else at its "
           "defaults (cache_aware: cache threshold 0.3, balance thresholds 64 abs / 1.5 rel; retries, circuit "
-          "breaker, health checks). Versions: "
-          + ", ".join(f"{r} {C.router_version(venv, r)}" for r in sorted({PEERS[m]['router'] for m in peers}))
+          "breaker, health checks"
+          + ("; smg's defaults also have worker overload protection (a sim with ≥ 8 waiting requests or ≥ 0.8 KV "
+             "usage left out while another is under), a 60 s warm-up slice (one cache miss in 4 offered to a new or "
+             "thin worker) and 3 s wedge detection" if any(PEERS[m]["router"] == "smg" for m in peers) else "")
+          + "). Versions: "
+          + ", ".join(f"{r} {C.router_version(C.router_venv(r), r)}" for r in sorted({PEERS[m]['router'] for m in peers}))
           + ". Keyed peers get the session id in their own key header (vllm-router `X-Session-Id`, sglang-router "
-          "`X-SMG-Routing-Key`). **No gateway scheduler in front of the peers**: no admission, no queue depth, no "
-          "503s from the front; every request goes to a sim at once and waits in its FIFO. They send no "
+          "and smg `X-SMG-Routing-Key`). **No gateway scheduler in front of the peers**: no admission, no queue "
+          "depth, no 503s from the front; every request goes to a sim at once and waits in its FIFO. They send no "
           "`X-Poimen-Backend`, so the same-backend columns are — for them, and no `X-Poimen-Route` (their turns are "
           "listed under `(router)` below); `X-Poimen-Warmup` means nothing to them: a warmup is an ordinary "
           "`max_tokens: 1` request. The sims' counters are read before (after one 4-token readiness probe through "
