@@ -46,7 +46,11 @@ pub async fn admit(app: &Arc<App>, served: &Served, prompt: &str, output_tokens:
     let prompt_tokens = count_tokens(prompt);
     let hashes = block_hashes(served.kv_namespace, prompt, app.block_size);
     let slot = app.sched.admit().await;
-    let hit_blocks = app.cache.lock().expect("cache lock").lookup(&hashes);
+    // As vLLM: the last token is computed whatever is cached, so a prompt
+    // of exactly k blocks finds at most k - 1 of them.
+    let servable = prompt_tokens.saturating_sub(1) / app.block_size;
+    let hit_blocks =
+        (app.cache.lock().expect("cache lock")).lookup(&hashes[..hashes.len().min(servable)]);
     let cached_tokens = hit_blocks * app.block_size;
     app.metrics.add_prefix_query(prompt_tokens, cached_tokens);
     // Reserve whole blocks for prompt + output, as the KV allocator would.
@@ -193,6 +197,25 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn the_block_of_a_prompts_last_token_is_computed_again() {
+        let app = App::new(&Args::parse_from(["vllm-sim", "--time-scale", "0"]));
+        let cached = |prompt: String| {
+            let app = Arc::clone(&app);
+            async move {
+                let job = admit(&app, &app.base(), &prompt, 1).await;
+                job.prefill().await;
+                job.cached_tokens
+            }
+        };
+        // 2 whole blocks of 16 tokens, sent twice: the second hits one, as
+        // vLLM does; a token more and it hits both.
+        let whole = "w".repeat(32 * 4);
+        assert_eq!(cached(whole.clone()).await, 0);
+        assert_eq!(cached(whole.clone()).await, 16);
+        assert_eq!(cached(whole + "more").await, 32);
+    }
+
+    #[tokio::test]
     async fn blocks_of_one_adapter_never_hit_for_another() {
         let app = App::new(&Args::parse_from([
             "vllm-sim",
@@ -206,7 +229,7 @@ mod tests {
             app.adapters.find("a").await.unwrap(),
             app.adapters.find("b").await.unwrap(),
         );
-        let prompt = "p".repeat(32 * 4); // 2 full blocks
+        let prompt = "p".repeat(33 * 4); // 2 full blocks and a token
         let cached = |served: Served| {
             let app = Arc::clone(&app);
             let prompt = prompt.clone();

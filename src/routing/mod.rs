@@ -303,6 +303,7 @@ impl Policy {
                 links: chain::of_tokens(&ids, exact.endpoints.block_size),
                 block_tokens: exact.endpoints.block_size as u64,
                 rendered: Some(Ok(())),
+                tokens: Some(ids.len() as u64),
             },
             Err(why) => Chain {
                 rendered: Some(Err(why)),
@@ -327,6 +328,8 @@ pub struct Chain {
     pub block_tokens: u64,
     /// With KV-cache events: whether the prompt was rendered as tokens.
     pub rendered: Option<Result<(), crate::render::Unrendered>>,
+    /// Its prompt's tokens, when rendered.
+    pub tokens: Option<u64>,
 }
 
 impl Chain {
@@ -336,11 +339,23 @@ impl Chain {
         self.rendered == Some(Ok(()))
     }
 
+    /// Of its leading links, how many a backend holding them can serve
+    /// from its cache: vLLM computes a prompt's last token whatever it
+    /// holds, so a prompt of exactly k blocks finds at most k - 1 cached.
+    /// Every link of a text chain (its tokens are not known).
+    pub fn servable(&self) -> usize {
+        let cached = |n: u64| ((n.saturating_sub(1)) / self.block_tokens.max(1)) as usize;
+        self.tokens
+            .map_or(self.links.len(), cached)
+            .min(self.links.len())
+    }
+
     fn of_text(links: Vec<u64>) -> Self {
         Chain {
             links,
             block_tokens: chain::BLOCK_TOKENS,
             rendered: None,
+            tokens: None,
         }
     }
 }

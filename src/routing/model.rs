@@ -349,9 +349,16 @@ impl ModelRouting {
         }
         // Without events the index's evictions are a guess: the backend that
         // served the previous turn is taken to hold that turn's prompt.
-        if !input.chain.exact() {
-            for h in &mut held {
-                h.blocks = h.blocks.max(h.recent.unwrap_or(0));
+        // With them, a prompt's last block counts only if it is not its
+        // last token's.
+        match input.chain.exact() {
+            false => held
+                .iter_mut()
+                .for_each(|h| h.blocks = h.blocks.max(h.recent.unwrap_or(0))),
+            true => {
+                let servable = input.chain.servable();
+                held.iter_mut()
+                    .for_each(|h| h.blocks = h.blocks.min(servable));
             }
         }
         // Each holder's position and tokens, so that a member's facts need
@@ -543,6 +550,34 @@ mod tests {
         let chain = (routing.policy).chain(api, &prompt, tokens);
         let input = routing.input(None, false, Api::ChatCompletions, &prompt);
         input.with_chain(chain)
+    }
+
+    #[test]
+    fn a_rendered_prompt_of_whole_blocks_is_expected_cached_but_its_last_block() {
+        let (routing, router) = indexed();
+        let x = addrs()[0];
+        // The prompt's token ids in 3 blocks of 16; 48 or 49 tokens.
+        let rendered = |tokens: u64| {
+            let chain = Chain {
+                links: vec![7, 8, 9],
+                block_tokens: 16,
+                rendered: Some(Ok(())),
+                tokens: Some(tokens),
+            };
+            let prompt = crate::body::prompt_of(br#"{"model":"m","prompt":"p"}"#);
+            (routing.input(None, false, Api::Completions, &prompt)).with_chain(chain)
+        };
+        admit_at(&routing, &router, &rendered(48), x);
+        let expected = |input: &Routable| {
+            let plan =
+                (routing.route(&router, input, |_| Facts::default(), Instant::now())).unwrap();
+            plan.expected_tokens(x)
+        };
+        // vLLM computes the last token: the third block is computed again.
+        assert_eq!(expected(&rendered(48)), Some(32));
+        assert_eq!(expected(&rendered(49)), Some(48));
+        assert_eq!(rendered(48).chain().servable(), 2);
+        assert_eq!(rendered(1).chain().servable(), 0);
     }
 
     #[test]
