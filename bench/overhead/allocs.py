@@ -31,11 +31,7 @@ TARGETS = ["pingora-bare", "pingora-read", "pingora-timeouts", "pingora-body", "
 
 def start(which: str, procs: C.Procs, bins: Path, wd: Path, port: int, backends: list[int]):
     if which in R.BAREBONES:
-        bare = R.baseline_bin(bins)
-        p = procs.start(which, [str(bare), f"127.0.0.1:{port}", "1", *R.BAREBONES[which]]
-                        + [f"127.0.0.1:{x}" for x in backends])
-        C.wait_port(port, proc=p)
-        return p
+        return R.start_bare(procs, which, R.baseline_bin(bins), which, port, 1, backends)
     # gateway-index-quiet: gateway-quiet routing by cost over a prefix index
     extra = {"routing": {"prefix_index": {"cache_tokens": 1 << 20}}} if "index" in which else None
     cfg = C.gateway_yaml(wd, which, port, C.free_port(),

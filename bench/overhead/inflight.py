@@ -135,10 +135,7 @@ def start_target(target: str, procs: C.Procs, bins: Path, wd: Path, a, bport: in
     """One proxy in front of the holding backend: (process, port)."""
     port, name = C.free_port(), f"{target}-{kb:g}k"
     if target in R.BAREBONES:
-        p = procs.start(name, [str(bins / "pingora-baseline"), f"127.0.0.1:{port}", str(a.threads),
-                               *R.BAREBONES[target], f"127.0.0.1:{bport}"])
-        C.wait_port(port, proc=p)
-        return p, port
+        return R.start_bare(procs, name, R.baseline_bin(bins), target, port, a.threads, [bport]), port
     cfg = C.gateway_yaml(wd, name, port, C.free_port(),
                          [{"name": MODEL, "addresses": [f"127.0.0.1:{bport}"], "max_num_seqs": 4096}],
                          threads=a.threads, scheduler={"max_num_seqs": 4096, "max_queue_depth": 0})

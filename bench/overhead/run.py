@@ -258,6 +258,16 @@ def baseline_bin(bins: Path) -> Path | None:
     return b if r.returncode == 0 and b.exists() else None
 
 
+def start_bare(procs: C.Procs, name: str, bare: Path, target: str, port: int, threads: int,
+               backends: list[int]):
+    """pingora-baseline (`bare`, from baseline_bin) as row `target` of
+    BAREBONES on `port`, in front of `backends`."""
+    p = procs.start(name, [str(bare), f"127.0.0.1:{port}", str(threads), *BAREBONES[target]]
+                    + [f"127.0.0.1:{b}" for b in backends])
+    C.wait_port(port, proc=p)
+    return p
+
+
 def start_nginx(procs: C.Procs, name: str, conf: Path, port: int):
     chk = subprocess.run([C.nginx_bin(), "-t", "-c", str(conf)], capture_output=True, text=True)
     if chk.returncode != 0:
@@ -658,12 +668,10 @@ def main() -> int:
             if t["name"] == "gateway-tenants":
                 t["tenant_header"] = TENANT_HEADER
         bb = baseline_bin(bins) if chosen & set(BAREBONES) else None
-        for name, flags in BAREBONES.items():
+        for name in BAREBONES:
             if name in chosen:
                 bare_port = C.free_port()
-                bare = procs.start(name, [str(bb), f"127.0.0.1:{bare_port}", str(T), *flags]
-                                   + [f"127.0.0.1:{p}" for p in fake_ports])
-                C.wait_port(bare_port, proc=bare)
+                bare = start_bare(procs, name, bb, name, bare_port, T, fake_ports)
                 targets.append({"name": name, "port": bare_port, "pid": bare.pid})
         for name in ROUTERS:
             if name in chosen:
