@@ -18,7 +18,8 @@
 //!              of this one), if any; else
 //!              the usable backend of the largest held(b) (ties: the order's first)
 //! no home (no previous turn, held(home) = 0: a new conversation):
-//!              the cheapest backend (ties: the order's first)
+//!              the cheapest backend (ties: the order's first if idle, else
+//!              the round-robin turn's)
 //! otherwise  = the cheapest backend b, if cost(b) < (1 - MOVE_MARGIN) * cost(home)
 //!              and the request may move (not a warmup); else home
 //! ```
@@ -44,13 +45,18 @@
 //! backend shares) goes where the fewest run; with none running anywhere,
 //! every cost is the same and the order's first (the key's rendezvous
 //! choice, or the round-robin turn) wins: replicas that share no state
-//! agree on a new conversation on idle backends.
+//! agree on a new conversation on idle backends. Of equally cheap busy
+//! backends the round-robin turn's wins, with a key as without: the turn
+//! spreads new conversations evenly, where keys' hashes put several on one
+//! backend by chance, whose cache must then hold more of them.
 //! The two rates are learnt from the model's own responses ([`Rates`]): a
 //! request's slot time, and its time to first token over its uncached
 //! prompt tokens, as reported by vLLM.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+
+use smallvec::SmallVec;
 
 use super::Facts;
 
@@ -184,14 +190,16 @@ pub enum Pick {
 
 /// Of the `weighed` backends (usable, in the order's order, each seen
 /// through its `facts`), the one to choose; `movable`: whether load may
-/// move the request (a warmup only fills its home). None when there is
-/// none.
+/// move the request (a warmup only fills its home); `split`: of the
+/// positions of several equally cheap busy backends, the one to take.
+/// None when there is none.
 pub fn choose<T>(
     rates: Snapshot,
     prompt: u64,
     weighed: &[T],
     facts: impl Fn(&T) -> &Facts,
     movable: bool,
+    split: impl FnOnce(&[usize]) -> usize,
 ) -> Option<Pick> {
     let positions = || 0..weighed.len();
     let facts = |p: usize| facts(&weighed[p]);
@@ -207,10 +215,18 @@ pub fn choose<T>(
     let recent = positions().find(|p| facts(*p).recent);
     let home = recent.or_else(|| positions().rev().max_by_key(held))?;
     let cost_at = |p: usize| cost(rates, prompt, facts(p));
-    // The first of the cheapest.
-    let cheapest = positions()
-        .map(|p| (p, cost_at(p)))
-        .reduce(|a, b| if b.1 < a.1 { b } else { a })?;
+    // The first of the cheapest; of several busy ones, the split's.
+    let mut cheapest =
+        positions()
+            .map(|p| (p, cost_at(p)))
+            .reduce(|a, b| if b.1 < a.1 { b } else { a })?;
+    if facts(cheapest.0).load > 0 {
+        let tied: SmallVec<[usize; 8]> =
+            positions().filter(|p| cost_at(*p) == cheapest.1).collect();
+        if tied.len() > 1 {
+            cheapest.0 = split(&tied);
+        }
+    }
     let stay = if recent.is_none() && held(&home) == 0 {
         cheapest.0 == home
     } else {
@@ -247,6 +263,10 @@ mod tests {
         f
     }
 
+    fn first(tied: &[usize]) -> usize {
+        tied[0]
+    }
+
     fn close(got: f64, want: f64) {
         assert!((got - want).abs() < 1e-9, "{got} != {want}");
     }
@@ -272,41 +292,76 @@ mod tests {
     #[test]
     fn a_new_conversation_goes_to_the_orders_first_unless_another_is_less_busy() {
         let idle = [facts(0, 0), facts(0, 0), facts(0, 0)];
-        assert_eq!(choose(RATES, 5000, &idle, same, true), Some(Pick::Home(0)));
+        assert_eq!(
+            choose(RATES, 5000, &idle, same, true, first),
+            Some(Pick::Home(0))
+        );
         // Every backend holds the shared system prompt: no home for that.
         let shared = [facts(0, 1500), facts(0, 1500), facts(0, 1500)];
         assert_eq!(
-            choose(RATES, 5000, &shared, same, true),
+            choose(RATES, 5000, &shared, same, true, first),
             Some(Pick::Home(0))
         );
         // Loaded unevenly: the least busy, a warmup too.
         let busy = [facts(1, 1500), facts(0, 1500), facts(2, 1500)];
         let moved = Some(Pick::Moved { to: 1, from: 0 });
-        assert_eq!(choose(RATES, 5000, &busy, same, true), moved);
-        assert_eq!(choose(RATES, 5000, &busy, same, false), moved);
-        assert_eq!(choose(RATES, 5000, &[], same, true), None);
+        assert_eq!(choose(RATES, 5000, &busy, same, true, first), moved);
+        assert_eq!(choose(RATES, 5000, &busy, same, false, first), moved);
+        assert_eq!(choose(RATES, 5000, &[], same, true, first), None);
+    }
+
+    #[test]
+    fn equally_cheap_busy_backends_are_split_and_idle_ones_are_not() {
+        let last = |tied: &[usize]| *tied.last().unwrap();
+        // Three equally busy: the split's choice, a move off the order's first.
+        let busy = [facts(1, 0), facts(2, 0), facts(1, 0), facts(1, 0)];
+        let moved = Some(Pick::Moved { to: 3, from: 0 });
+        assert_eq!(choose(RATES, 5000, &busy, same, true, last), moved);
+        // One cheapest: the split is not asked.
+        let one = [facts(2, 0), facts(1, 0), facts(2, 0)];
+        let never = |_: &[usize]| -> usize { unreachable!() };
+        let moved = Some(Pick::Moved { to: 1, from: 0 });
+        assert_eq!(choose(RATES, 5000, &one, same, true, never), moved);
+        // Idle ones: the order's first, as every replica would choose.
+        let idle = [facts(0, 0), facts(0, 0)];
+        assert_eq!(
+            choose(RATES, 5000, &idle, same, true, never),
+            Some(Pick::Home(0))
+        );
     }
 
     #[test]
     fn a_conversation_stays_where_its_prefix_is_until_waiting_costs_more() {
         // Its prefix (4,800 of 5,000 tokens) on the third backend.
         let mut f = [facts(0, 1500), facts(0, 1500), facts(0, 4800)];
-        assert_eq!(choose(RATES, 5000, &f, same, true), Some(Pick::Home(2)));
+        assert_eq!(
+            choose(RATES, 5000, &f, same, true, first),
+            Some(Pick::Home(2))
+        );
         // Full with a queue: home costs 1.0 + 4 * 0.25 + 0.35 = 2.35 s; a
         // cold prefill elsewhere 3.5 s: it stays.
         f[2].load = 7;
-        assert_eq!(choose(RATES, 5000, &f, same, true), Some(Pick::Home(2)));
+        assert_eq!(
+            choose(RATES, 5000, &f, same, true, first),
+            Some(Pick::Home(2))
+        );
         // 11 ahead: 1.0 + 2.75 + 0.7 = 4.45 s, moving is clearly cheaper.
         f[2].load = 14;
         let moved = Some(Pick::Moved { to: 0, from: 2 });
-        assert_eq!(choose(RATES, 5000, &f, same, true), moved);
+        assert_eq!(choose(RATES, 5000, &f, same, true, first), moved);
         // Within the margin, it stays: 3.5 against 4.15 * 0.8 = 3.32.
         f[2].load = 13;
         close(cost(RATES, 5000, &f[2]), 4.15);
-        assert_eq!(choose(RATES, 5000, &f, same, true), Some(Pick::Home(2)));
+        assert_eq!(
+            choose(RATES, 5000, &f, same, true, first),
+            Some(Pick::Home(2))
+        );
         // A warmup never leaves its home.
         f[2].load = 100;
-        assert_eq!(choose(RATES, 5000, &f, same, false), Some(Pick::Home(2)));
+        assert_eq!(
+            choose(RATES, 5000, &f, same, false, first),
+            Some(Pick::Home(2))
+        );
     }
 
     /// The backend that served the conversation's previous turn.
@@ -323,23 +378,32 @@ mod tests {
         // conversation on its backend (the third), which served its
         // previous turn (4,800 tokens): the first is idle, it stays.
         let f = [facts(0, 1500), facts(1, 1500), recent(2, 4800)];
-        assert_eq!(choose(RATES, 5000, &f, same, true), Some(Pick::Home(2)));
+        assert_eq!(
+            choose(RATES, 5000, &f, same, true, first),
+            Some(Pick::Home(2))
+        );
         // A home at the order's first: served as the order's first.
         let f = [recent(2, 4800), facts(0, 1500)];
-        assert_eq!(choose(RATES, 5000, &f, same, true), Some(Pick::Home(0)));
+        assert_eq!(
+            choose(RATES, 5000, &f, same, true, first),
+            Some(Pick::Home(0))
+        );
         // Hot: a queue of 14 there costs more than a cold prefill elsewhere.
         let f = [facts(0, 1500), facts(1, 1500), recent(14, 4800)];
         let moved = Some(Pick::Moved { to: 0, from: 2 });
-        assert_eq!(choose(RATES, 5000, &f, same, true), moved);
+        assert_eq!(choose(RATES, 5000, &f, same, true, first), moved);
         // Nothing of it held any more (its events said so): it leaves an
         // idle backend's cold prefill only for a clearly cheaper one (1.55 s
         // at home, stalling the one running there, against 0.75 s), and
         // stays where the costs are even.
         let f = [facts(0, 0), recent(1, 0)];
         let moved = Some(Pick::Moved { to: 0, from: 1 });
-        assert_eq!(choose(RATES, 750, &f, same, true), moved);
+        assert_eq!(choose(RATES, 750, &f, same, true, first), moved);
         let f = [facts(1, 0), recent(1, 0)];
-        assert_eq!(choose(RATES, 750, &f, same, true), Some(Pick::Home(1)));
+        assert_eq!(
+            choose(RATES, 750, &f, same, true, first),
+            Some(Pick::Home(1))
+        );
     }
 
     #[test]
@@ -347,12 +411,12 @@ mod tests {
         // Two copies of a hot prefix: the less busy one.
         let f = [facts(20, 4800), facts(5, 4800), facts(0, 0)];
         let moved = Some(Pick::Moved { to: 1, from: 0 });
-        assert_eq!(choose(RATES, 5000, &f, same, true), moved);
+        assert_eq!(choose(RATES, 5000, &f, same, true, first), moved);
         // A new conversation whose first choice has a long queue: to the
         // least busy.
         let f = [facts(40, 0), facts(4, 0), facts(2, 0)];
         let moved = Some(Pick::Moved { to: 2, from: 0 });
-        assert_eq!(choose(RATES, 500, &f, same, true), moved);
+        assert_eq!(choose(RATES, 500, &f, same, true, first), moved);
     }
 
     #[test]

@@ -542,7 +542,19 @@ impl RoutingTable {
                 }
                 seen.sort_unstable_by_key(|(place, ..)| *place);
                 let (rates, prompt) = (req.rates, req.prompt_tokens);
-                match cost::choose(rates, prompt, &seen, |s| &s.2, req.movable)? {
+                // Equally cheap busy backends: the round-robin turn's, as
+                // a request without a key finds them (its order is the
+                // turn), so that a key never crowds new conversations onto
+                // its hash's choice; idle ones stay the order's first.
+                let split = |tied: &[usize]| match &order {
+                    Order::Turn(_) => tied[0],
+                    _ => {
+                        let turn = self.round_robin.turn(self.addrs.len());
+                        let by_turn = tied.iter().min_by_key(|p| turn.place(seen[**p].1));
+                        *by_turn.expect("ties are several")
+                    }
+                };
+                match cost::choose(rates, prompt, &seen, |s| &s.2, req.movable, split)? {
                     cost::Pick::Home(0) => (0, first),
                     cost::Pick::Home(p) => (p, Route::Cache),
                     cost::Pick::Moved { to, .. } => (to, Route::Balance),

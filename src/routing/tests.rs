@@ -275,3 +275,28 @@ fn the_cost_rule_passes_over_excluded_members_to_the_next_usable() {
     let all: Vec<Candidate> = r.candidates(&ranking, &[], facts).collect();
     assert_eq!(all.len(), 10);
 }
+
+#[test]
+fn keys_take_equally_busy_backends_in_turn_and_idle_ones_by_hash() {
+    let r = cost_router(4);
+    let rank = |key: &[u8], load: usize| {
+        let mut req = Request::new(Affinity::Key(key), &[]);
+        req.prompt_tokens = 4096;
+        let facts = |_: usize| Facts {
+            load,
+            slots: 4,
+            ..Facts::default()
+        };
+        r.rank_at(req, facts).unwrap().chosen
+    };
+    // Idle: each key's rendezvous first, whatever the turn.
+    for key in [&b"a"[..], b"b", b"c"] {
+        let first = rendezvous::rank(key, &r.keyed)[0];
+        assert_eq!((rank(key, 0), rank(key, 0)), (first, first));
+    }
+    // Equally busy: one key's new conversations go round the backends.
+    let mut chosen: Vec<usize> = (0..8).map(|_| rank(b"a", 1)).collect();
+    assert_ne!(chosen[0], chosen[1]);
+    chosen.sort_unstable();
+    assert_eq!(chosen, [0, 0, 1, 1, 2, 2, 3, 3]);
+}
