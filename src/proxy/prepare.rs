@@ -112,7 +112,7 @@ impl Gateway {
         };
         let mut chain = policy.chain(api, &facts.prompt, tokens);
         if let Some(rendered) = chain.rendered {
-            let result = rendered.map_or_else(|why| why.as_str(), |()| "rendered");
+            let result = rendered.map_or_else(|why| why.as_str(), |_| "rendered");
             crate::metrics::PROMPTS_RENDERED
                 .with_label_values(&[&pool.name, result])
                 .inc();

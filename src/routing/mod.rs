@@ -302,8 +302,7 @@ impl Policy {
             Ok(ids) => Chain {
                 links: chain::of_tokens(&ids, exact.endpoints.block_size),
                 block_tokens: exact.endpoints.block_size as u64,
-                rendered: Some(Ok(())),
-                tokens: Some(ids.len() as u64),
+                rendered: Some(Ok(ids.len() as u64)),
             },
             Err(why) => Chain {
                 rendered: Some(Err(why)),
@@ -326,17 +325,16 @@ pub struct Chain {
     pub links: Vec<u64>,
     /// The prompt tokens a link stands for.
     pub block_tokens: u64,
-    /// With KV-cache events: whether the prompt was rendered as tokens.
-    pub rendered: Option<Result<(), crate::render::Unrendered>>,
-    /// Its prompt's tokens, when rendered.
-    pub tokens: Option<u64>,
+    /// With KV-cache events: the prompt's tokens, if it was rendered as
+    /// tokens, else why not.
+    pub rendered: Option<Result<u64, crate::render::Unrendered>>,
 }
 
 impl Chain {
     /// Of token ids matched against the backends' KV-cache events, not of
     /// the prompt's text.
     pub fn exact(&self) -> bool {
-        self.rendered == Some(Ok(()))
+        matches!(self.rendered, Some(Ok(_)))
     }
 
     /// Of its leading links, how many a backend holding them can serve
@@ -344,10 +342,13 @@ impl Chain {
     /// holds, so a prompt of exactly k blocks finds at most k - 1 cached.
     /// Every link of a text chain (its tokens are not known).
     pub fn servable(&self) -> usize {
-        let cached = |n: u64| ((n.saturating_sub(1)) / self.block_tokens.max(1)) as usize;
-        self.tokens
-            .map_or(self.links.len(), cached)
-            .min(self.links.len())
+        match self.rendered {
+            Some(Ok(tokens)) => {
+                let cached = tokens.saturating_sub(1) / self.block_tokens.max(1);
+                (cached as usize).min(self.links.len())
+            }
+            _ => self.links.len(),
+        }
     }
 
     fn of_text(links: Vec<u64>) -> Self {
@@ -355,7 +356,6 @@ impl Chain {
             links,
             block_tokens: chain::BLOCK_TOKENS,
             rendered: None,
-            tokens: None,
         }
     }
 }

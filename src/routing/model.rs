@@ -561,8 +561,7 @@ mod tests {
             let chain = Chain {
                 links: vec![7, 8, 9],
                 block_tokens: 16,
-                rendered: Some(Ok(())),
-                tokens: Some(tokens),
+                rendered: Some(Ok(tokens)),
             };
             let prompt = crate::body::prompt_of(br#"{"model":"m","prompt":"p"}"#);
             (routing.input(None, false, Api::Completions, &prompt)).with_chain(chain)
