@@ -13,10 +13,12 @@
 //! share of the index fills with what is routed to it since.
 //!
 //! Cost: one hash map entry per block held anywhere, plus a list of its
-//! holders and a place in each holder's recency queue: about 100 bytes for
-//! a block on one backend, 16 more per further backend. A lookup walks the
-//! request's chain once (one map probe per matched block), whatever the
-//! number of backends.
+//! holders and a place in each holder's recency list (`lru.rs`): about 100
+//! bytes for a block on one backend, 28 more per further backend. A lookup
+//! walks the request's chain once (one map probe per matched block),
+//! whatever the number of backends. Nothing done under the index's lock
+//! sweeps all it holds but forgetting a backend: its map grows a 256th at
+//! a time ([`Blocks`]) and the recency lists need no sweeping.
 //!
 //! Where a model's KV-cache events keep it exact, what the gateway routes
 //! counts only until they confirm it, for a while
@@ -37,10 +39,12 @@
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::net::SocketAddr;
-use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use parking_lot::{Mutex, MutexGuard};
 use smallvec::SmallVec;
+
+use super::lru::{Lru, Node};
 
 /// One model's prefix index.
 pub struct PrefixIndex {
@@ -74,7 +78,7 @@ const TIP_REACH: usize = 512;
 
 #[derive(Default)]
 struct Inner {
-    blocks: HashMap<u64, Vec<Holder>, BuildHasherDefault<Prehashed>>,
+    blocks: Blocks,
     /// Each backend's id: its place in `backends`.
     ids: HashMap<SocketAddr, u32>,
     /// By id; `None`: forgotten, the id free for the next new backend.
@@ -111,23 +115,21 @@ impl Tips {
     }
 }
 
-/// A backend holding a block, and when it last used it.
+/// A backend holding a block.
 #[derive(Clone, Copy)]
 struct Holder {
     id: u32,
     /// 0: held; else held only until this time ([`PrefixIndex::now`]),
     /// unless confirmed before.
     until: u32,
-    tick: u64,
+    /// The block's place in the backend's [`Lru`].
+    node: Node,
 }
 
 struct Backend {
     id: u32,
     addr: SocketAddr,
-    /// (block, tick) from least to most recently used; an entry whose tick
-    /// is not the holder's any more is stale and skipped.
-    recency: VecDeque<(u64, u64)>,
-    count: usize,
+    lru: Lru,
 }
 
 impl PrefixIndex {
@@ -249,10 +251,10 @@ impl PrefixIndex {
         let backend = inner.backends[id].as_mut().expect("a known id is live");
         // Deepest first: of equally recent blocks, the tail goes first.
         for block in chain.iter().rev() {
-            let holders = inner.blocks.entry(*block).or_default();
+            let holders = inner.blocks.holders(*block);
             match holders.iter_mut().find(|h| h.id == backend.id) {
                 Some(h) => {
-                    h.tick = tick;
+                    backend.lru.touch(h.node);
                     if h.until != 0 {
                         h.until = if until == 0 { 0 } else { h.until.max(until) };
                     }
@@ -261,21 +263,14 @@ impl PrefixIndex {
                     holders.push(Holder {
                         id: backend.id,
                         until,
-                        tick,
+                        node: backend.lru.push(*block),
                     });
-                    backend.count += 1;
                     inner.held += 1;
                 }
             }
-            backend.recency.push_back((*block, tick));
         }
-        while backend.count > cap {
+        while backend.lru.len() > cap {
             evict_oldest(&mut inner.blocks, backend, &mut inner.held);
-        }
-        // Renewed blocks leave stale entries behind: drop them before the
-        // queue outgrows what it orders.
-        if backend.recency.len() > 2 * backend.count + 64 {
-            compact(&inner.blocks, backend);
         }
     }
 
@@ -290,8 +285,8 @@ impl PrefixIndex {
             .as_mut()
             .expect("a known id is live");
         for block in blocks {
-            if release(&mut inner.blocks, *block, backend.id, None) {
-                backend.count -= 1;
+            if let Some(node) = release(&mut inner.blocks, *block, backend.id) {
+                backend.lru.remove(node);
                 inner.held -= 1;
             }
         }
@@ -309,8 +304,8 @@ impl PrefixIndex {
             .expect("a known id is live");
         inner.live -= 1;
         inner.tips.at.retain(|_, (holder, _)| *holder != id);
-        for (block, _) in &backend.recency {
-            if release(&mut inner.blocks, *block, backend.id, None) {
+        for block in backend.lru.blocks() {
+            if release(&mut inner.blocks, block, backend.id).is_some() {
                 inner.held -= 1;
             }
         }
@@ -327,14 +322,17 @@ impl PrefixIndex {
         let inner = self.lock();
         addrs
             .iter()
-            .map(|a| (*a, inner.backend(a).map_or(0, |b| b.count)))
+            .map(|a| (*a, inner.backend(a).map_or(0, |b| b.lru.len())))
             .collect()
     }
 
+    /// The events' thread applies a backlog message after message: with a
+    /// lock it could take back at once, routing would wait for all of it
+    /// (80 ms and more, seen); parking_lot's hands the lock to a waiter at
+    /// least every half a millisecond. A holder's panic leaves the maps
+    /// whole between statements, so the index stays usable.
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        // Every change leaves the maps whole between statements that can
-        // panic; a holder's panic leaves an index still usable.
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        self.inner.lock()
     }
 }
 
@@ -352,8 +350,7 @@ impl Inner {
         self.backends[id] = Some(Backend {
             id: id as u32,
             addr,
-            recency: VecDeque::new(),
-            count: 0,
+            lru: Lru::default(),
         });
         self.ids.insert(addr, id as u32);
         self.live += 1;
@@ -366,55 +363,66 @@ impl Inner {
 }
 
 /// Drop `backend`'s least recently used block.
-fn evict_oldest(
-    blocks: &mut HashMap<u64, Vec<Holder>, BuildHasherDefault<Prehashed>>,
-    backend: &mut Backend,
-    held: &mut usize,
-) {
-    while let Some((block, tick)) = backend.recency.pop_front() {
-        if release(blocks, block, backend.id, Some(tick)) {
-            backend.count -= 1;
-            *held -= 1;
-            return;
+fn evict_oldest(blocks: &mut Blocks, backend: &mut Backend, held: &mut usize) {
+    if let Some((block, node)) = backend.lru.oldest() {
+        release(blocks, block, backend.id);
+        backend.lru.remove(node);
+        *held -= 1;
+    }
+}
+
+/// Remove holder `id` from `block`; its node, if it held it.
+fn release(blocks: &mut Blocks, block: u64, id: u32) -> Option<Node> {
+    let holders = blocks.get_mut(&block)?;
+    let pos = holders.iter().position(|h| h.id == id)?;
+    let node = holders.swap_remove(pos).node;
+    if holders.is_empty() {
+        blocks.remove(&block);
+    }
+    Some(node)
+}
+
+/// Each block's holders, in maps of their own by 8 bits of the block's
+/// hash. A map that outgrows its table moves every entry to a new one
+/// under the index's lock, and routing waits for it: one map of a million
+/// blocks took 100-400 ms to grow (the events of new 64 KB prompts),
+/// every request of the model held meanwhile. A shard holds 1/256 of them.
+struct Blocks {
+    shards: Box<[Shard]>,
+}
+
+type Shard = HashMap<u64, Vec<Holder>, BuildHasherDefault<Prehashed>>;
+
+impl Default for Blocks {
+    fn default() -> Self {
+        Blocks {
+            shards: (0..256).map(|_| Shard::default()).collect(),
         }
     }
 }
 
-/// Remove holder `id` from `block` (only if it last used it at `tick`,
-/// when given); whether it held it.
-fn release(
-    blocks: &mut HashMap<u64, Vec<Holder>, BuildHasherDefault<Prehashed>>,
-    block: u64,
-    id: u32,
-    tick: Option<u64>,
-) -> bool {
-    let Some(holders) = blocks.get_mut(&block) else {
-        return false;
-    };
-    let Some(pos) = holders
-        .iter()
-        .position(|h| h.id == id && tick.is_none_or(|t| t == h.tick))
-    else {
-        return false;
-    };
-    holders.swap_remove(pos);
-    if holders.is_empty() {
-        blocks.remove(&block);
+impl Blocks {
+    /// Bits 48-55 of the hash: hashbrown places an entry by the low bits
+    /// and tags it with the top 7, which then stay apart within a shard.
+    fn shard(block: u64) -> usize {
+        (block >> 48) as u8 as usize
     }
-    true
-}
 
-/// Keep only the queue entries that are their block's latest use.
-fn compact(
-    blocks: &HashMap<u64, Vec<Holder>, BuildHasherDefault<Prehashed>>,
-    backend: &mut Backend,
-) {
-    let id = backend.id;
-    backend.recency.retain(|(block, tick)| {
-        blocks
-            .get(block)
-            .is_some_and(|hs| hs.iter().any(|h| h.id == id && h.tick == *tick))
-    });
+    fn get(&self, block: &u64) -> Option<&Vec<Holder>> {
+        self.shards[Self::shard(*block)].get(block)
+    }
+
+    fn get_mut(&mut self, block: &u64) -> Option<&mut Vec<Holder>> {
+        self.shards[Self::shard(*block)].get_mut(block)
+    }
+
+    fn holders(&mut self, block: u64) -> &mut Vec<Holder> {
+        self.shards[Self::shard(block)].entry(block).or_default()
+    }
+
+    fn remove(&mut self, block: &u64) {
+        self.shards[Self::shard(*block)].remove(block);
+    }
 }
 
 /// The blocks are hashes already: used as they are.
@@ -541,7 +549,7 @@ mod tests {
             index.insert(addr(1), &[1, 2, 3]);
         }
         let inner = index.lock();
-        assert!(inner.backend(&addr(1)).unwrap().recency.len() <= 2 * 3 + 64 + 3);
+        assert_eq!(inner.backend(&addr(1)).unwrap().lru.len(), 3);
         assert_eq!(inner.held, 3);
     }
 
@@ -555,8 +563,7 @@ mod tests {
         assert_eq!(held(&index, &[1, 2, 3, 4]), [(1, 2)]);
         assert_eq!(index.len(), 2);
         assert_eq!(recent(&index, &[1, 2, 3, 4, 5]), Some((1, 2)));
-        // Its stale queue entries are never read again; back, it starts
-        // from nothing.
+        // Back, it starts from nothing.
         index.insert(addr(2), &[5]);
         assert_eq!(held(&index, &[1]), [(1, 1)]);
         assert_eq!(held(&index, &[5]), [(2, 1)]);
@@ -586,6 +593,18 @@ mod tests {
             recent(&index, &[1, 2, 10, 11, 12, 13, 14, 15]),
             Some((1, 7))
         );
+    }
+
+    #[test]
+    fn blocks_spread_over_the_shards() {
+        let mut blocks = Blocks::default();
+        let ids: Vec<u32> = (0..65_536).collect();
+        for block in crate::routing::chain::of_tokens(&ids, 16) {
+            blocks.holders(block);
+        }
+        // 4,096 blocks, 16 a shard on average.
+        let most = blocks.shards.iter().map(HashMap::len).max().unwrap();
+        assert!(most < 48, "{most} blocks in one shard");
     }
 
     #[test]

@@ -63,6 +63,7 @@
 pub mod chain;
 pub mod cost;
 pub mod index;
+mod lru;
 mod model;
 pub mod owners;
 pub mod prefix;
