@@ -17,6 +17,13 @@ use poimen_gateway::{discovery, logging, services};
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
+    // No transparent huge pages: mimalloc asks for them, and on a host
+    // whose memory has fragmented the kernel compacts and zeroes a 2 MiB
+    // page inside the page fault, tens of ms in which the faulting thread
+    // (a proxy thread: every connection it holds) stands still. Beside new
+    // 64 KB prompts, small requests' p99 went from 28 to 6.4 ms without
+    // them (bench/results/render-cost.md).
+    let thp_off = nix::sys::prctl::set_thp_disable(true);
     // fastokens would spread a long prompt over threads of its own, one a
     // core, each spinning after its part: the render threads
     // (`render.threads`) are the gateway's tokenizing parallelism. Set
@@ -30,6 +37,9 @@ fn main() -> ExitCode {
         return poimen_gateway::explain::run(std::env::args_os().skip(2));
     }
     logging::init();
+    if let Err(e) = thp_off {
+        log::warn!("transparent huge pages stay as the host sets them: {e}");
+    }
     let code = match run(Opt::parse_args()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -233,3 +233,18 @@ async fn a_slow_client_is_backpressured_and_its_slot_freed_when_it_leaves() {
         "slow client: gateway RSS {before} KiB before, {during} KiB while the backend stalled after {written} bytes"
     );
 }
+
+/// On a host whose memory has fragmented, a transparent huge page's fault
+/// stalls the thread that takes it for tens of ms: the daemon runs without.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_daemon_runs_without_transparent_huge_pages() {
+    let b = FakeBackend::start().await;
+    let gw = Gateway::start(&one_model("m", &[b.addr])).await;
+    let status = std::fs::read_to_string(format!("/proc/{}/status", gw.pid())).unwrap();
+    let thp = status.lines().find(|l| l.starts_with("THP_enabled:"));
+    assert_eq!(
+        thp.map(|l| l.split_whitespace().nth(1)),
+        Some(Some("0")),
+        "{status}"
+    );
+}

@@ -285,6 +285,10 @@ impl Gateway {
     }
 
     /// Keep `dir` (files this gateway reads) until the gateway is dropped.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn keep(mut self, dir: TempDir) -> Gateway {
         self.kept.push(dir);
         self
