@@ -214,15 +214,13 @@ pub fn choose<T>(
     // (`max_by_key` keeps the last of equals).
     let recent = positions().find(|p| facts(*p).recent);
     let home = recent.or_else(|| positions().rev().max_by_key(held))?;
-    let cost_at = |p: usize| cost(rates, prompt, facts(p));
+    let costs: SmallVec<[f64; 8]> = positions().map(|p| cost(rates, prompt, facts(p))).collect();
     // The first of the cheapest; of several busy ones, the split's.
-    let mut cheapest =
-        positions()
-            .map(|p| (p, cost_at(p)))
-            .reduce(|a, b| if b.1 < a.1 { b } else { a })?;
+    let mut cheapest = positions()
+        .map(|p| (p, costs[p]))
+        .reduce(|a, b| if b.1 < a.1 { b } else { a })?;
     if facts(cheapest.0).load > 0 {
-        let tied: SmallVec<[usize; 8]> =
-            positions().filter(|p| cost_at(*p) == cheapest.1).collect();
+        let tied: SmallVec<[usize; 8]> = positions().filter(|p| costs[*p] == cheapest.1).collect();
         if tied.len() > 1 {
             cheapest.0 = split(&tied);
         }
@@ -230,7 +228,7 @@ pub fn choose<T>(
     let stay = if recent.is_none() && held(&home) == 0 {
         cheapest.0 == home
     } else {
-        !movable || cheapest.1 >= (1.0 - MOVE_MARGIN) * cost_at(home)
+        !movable || cheapest.1 >= (1.0 - MOVE_MARGIN) * costs[home]
     };
     Some(match stay {
         true => Pick::Home(home),
