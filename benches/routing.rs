@@ -1,6 +1,7 @@
 //! What routing costs a request, by the number of backends: the ranking
 //! (rendezvous order, then the choice among the usable members: the first,
-//! or the cost rule), and the prefix index's lookup and insert.
+//! or the cost rule), the prefix index's lookup and insert, and what
+//! forgetting a backend of a million blocks holds the index's lock for.
 //!
 //! `cargo bench --bench routing`
 
@@ -80,6 +81,31 @@ fn bench(c: &mut Criterion) {
             },
         );
     }
+    g.finish();
+
+    // A backend failed (or its cache was reset) while holding a million
+    // blocks: every request of the model waits for the lock meanwhile.
+    let mut g = c.benchmark_group("forget");
+    g.sample_size(10);
+    let blocks: Vec<u64> = (0..1u64 << 20).map(|b| xxh3_64(&b.to_le_bytes())).collect();
+    let addrs: Vec<SocketAddr> = members(2).into_iter().map(|(a, _)| a).collect();
+    g.bench_function("1M blocks", |b| {
+        b.iter_batched(
+            || {
+                let index = PrefixIndex::new(1 << 20, 1 << 22);
+                for chain in blocks.chunks(256) {
+                    index.insert(addrs[0], chain);
+                }
+                index.insert(addrs[1], &blocks[..256]);
+                index
+            },
+            |index| {
+                index.forget(&addrs[0]);
+                index
+            },
+            criterion::BatchSize::PerIteration,
+        )
+    });
     g.finish();
 }
 

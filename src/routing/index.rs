@@ -17,8 +17,9 @@
 //! bytes for a block on one backend, 28 more per further backend. A lookup
 //! walks the request's chain once (one map probe per matched block),
 //! whatever the number of backends. Nothing done under the index's lock
-//! sweeps all it holds but forgetting a backend: its map grows a 256th at
-//! a time ([`Blocks`]) and the recency lists need no sweeping.
+//! sweeps all it holds: its map grows a 256th at a time ([`Blocks`]), the
+//! recency lists need no sweeping, and a forgotten backend's blocks are
+//! released a slice at a time by the changes that follow ([`forget`]).
 //!
 //! Where a model's KV-cache events keep it exact, what the gateway routes
 //! counts only until they confirm it, for a while
@@ -81,8 +82,12 @@ struct Inner {
     blocks: Blocks,
     /// Each backend's id: its place in `backends`.
     ids: HashMap<SocketAddr, u32>,
-    /// By id; `None`: forgotten, the id free for the next new backend.
+    /// By id; `None`: forgotten, the id free for the next new backend
+    /// once its blocks are released.
     backends: Vec<Option<Backend>>,
+    /// Forgotten backends whose blocks are still being released
+    /// ([`Inner::sweep`]): no lookup counts them.
+    retired: Vec<Backend>,
     live: usize,
     tick: u64,
     held: usize,
@@ -130,7 +135,15 @@ struct Backend {
     id: u32,
     addr: SocketAddr,
     lru: Lru,
+    /// The tick it was added at: a tip older names an earlier backend of
+    /// its id.
+    since: u64,
 }
+
+/// Blocks of forgotten backends released by each change of the index:
+/// tens of microseconds under the lock, where releasing a million at once
+/// held every request of the model for tens of milliseconds.
+const SWEEP: usize = 256;
 
 impl PrefixIndex {
     /// An index taking each backend to hold `per_backend` blocks at most,
@@ -187,9 +200,11 @@ impl PrefixIndex {
         // turn's backend.
         let matched = held.iter().map(|h| h.blocks).max().unwrap_or(0);
         let reach = (chain.len().saturating_sub(TIP_REACH)).max(matched.saturating_sub(1));
-        let tip = (reach..chain.len())
-            .rev()
-            .find_map(|i| Some((inner.tips.at.get(&chain[i])?.0, i + 1)));
+        let tip = (reach..chain.len()).rev().find_map(|i| {
+            let (id, tick) = *inner.tips.at.get(&chain[i])?;
+            let backend = inner.backends[id as usize].as_ref()?;
+            (tick >= backend.since).then_some((id, i + 1))
+        });
         if let Some((id, depth)) = tip {
             match held.iter_mut().find(|h| h.id == id) {
                 Some(h) => h.recent = Some(depth),
@@ -272,6 +287,7 @@ impl PrefixIndex {
         while backend.lru.len() > cap {
             evict_oldest(&mut inner.blocks, backend, &mut inner.held);
         }
+        inner.sweep();
     }
 
     /// `addr` no longer holds `blocks` (its events said they went).
@@ -290,9 +306,13 @@ impl PrefixIndex {
                 inner.held -= 1;
             }
         }
+        inner.sweep();
     }
 
-    /// `addr` left the set or failed: it holds nothing known any more.
+    /// `addr` left the set or failed: it holds nothing known any more. Its
+    /// blocks stop counting at once and are released [`SWEEP`] at a time
+    /// by this and the changes that follow; its id, and so its holders'
+    /// and tips' id, is not given to another backend before.
     pub fn forget(&self, addr: &SocketAddr) {
         let mut inner = self.lock();
         let inner = &mut *inner;
@@ -303,12 +323,8 @@ impl PrefixIndex {
             .take()
             .expect("a known id is live");
         inner.live -= 1;
-        inner.tips.at.retain(|_, (holder, _)| *holder != id);
-        for block in backend.lru.blocks() {
-            if release(&mut inner.blocks, block, backend.id).is_some() {
-                inner.held -= 1;
-            }
-        }
+        inner.retired.push(backend);
+        inner.sweep();
     }
 
     /// Blocks held, over all backends.
@@ -337,10 +353,14 @@ impl PrefixIndex {
 }
 
 impl Inner {
-    /// A new backend's id: a forgotten one's, or the next. A forgotten
-    /// backend holds no block, so its id names no holder any more.
+    /// A new backend's id: a forgotten one's whose blocks are all
+    /// released (its id names no holder any more), or the next.
     fn add(&mut self, addr: SocketAddr) -> usize {
-        let id = match self.backends.iter().position(Option::is_none) {
+        let free =
+            self.backends.iter().enumerate().position(|(id, b)| {
+                b.is_none() && !self.retired.iter().any(|r| r.id as usize == id)
+            });
+        let id = match free {
             Some(free) => free,
             None => {
                 self.backends.push(None);
@@ -351,6 +371,7 @@ impl Inner {
             id: id as u32,
             addr,
             lru: Lru::default(),
+            since: self.tick,
         });
         self.ids.insert(addr, id as u32);
         self.live += 1;
@@ -359,6 +380,22 @@ impl Inner {
 
     fn backend(&self, addr: &SocketAddr) -> Option<&Backend> {
         self.backends[*self.ids.get(addr)? as usize].as_ref()
+    }
+
+    /// Release up to [`SWEEP`] blocks of forgotten backends, each
+    /// backend's least recently used first.
+    fn sweep(&mut self) {
+        let mut left = SWEEP;
+        while let Some(backend) = self.retired.last_mut() {
+            while left > 0 && backend.lru.len() > 0 {
+                evict_oldest(&mut self.blocks, backend, &mut self.held);
+                left -= 1;
+            }
+            if backend.lru.len() > 0 {
+                return;
+            }
+            self.retired.pop();
+        }
     }
 }
 
@@ -568,6 +605,32 @@ mod tests {
         assert_eq!(held(&index, &[1]), [(1, 1)]);
         assert_eq!(held(&index, &[5]), [(2, 1)]);
         assert_eq!(index.len(), 3);
+    }
+
+    #[test]
+    fn a_forgotten_backends_blocks_go_a_slice_at_a_time_and_its_id_waits_for_them() {
+        let index = PrefixIndex::new(10 * SWEEP, 100 * SWEEP);
+        let big: Vec<u64> = (1000..1000 + 3 * SWEEP as u64).collect();
+        index.routed(addr(1), &[1, 2]);
+        index.routed(addr(2), &big);
+        index.forget(&addr(2));
+        // Counted for nothing at once; one slice released by the forget.
+        assert_eq!(held(&index, &big), []);
+        assert_eq!(recent(&index, &big), None);
+        assert_eq!(index.len(), 2 + 2 * SWEEP);
+        // A backend added meanwhile takes a new id, not the forgotten one's.
+        index.routed(addr(3), &[7]);
+        assert_eq!(index.len(), 3 + SWEEP);
+        assert_eq!(held(&index, &big), []);
+        index.insert(addr(1), &[1, 2]);
+        assert_eq!(index.len(), 3);
+        // Released: the id goes to the next new backend, and the forgotten
+        // one's tips do not name it.
+        index.routed(addr(4), &[8]);
+        assert_eq!(index.lock().ids[&addr(4)], 1);
+        assert_eq!(recent(&index, &big), None);
+        assert_eq!(held(&index, &big), []);
+        assert_eq!(held(&index, &[8]), [(4, 1)]);
     }
 
     #[test]

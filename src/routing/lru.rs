@@ -77,6 +77,7 @@ impl Lru {
     }
 
     /// The blocks held, oldest first.
+    #[cfg(test)]
     pub fn blocks(&self) -> impl Iterator<Item = u64> + '_ {
         let mut at = self.oldest;
         std::iter::from_fn(move || {
