@@ -102,15 +102,17 @@ impl Gateway {
             .flatten()
             .map(|id| id.into_owned());
         let policy = pool.routing.policy();
-        let tokens = match policy.renders() {
-            Some(renderer) => Some(
-                self.renders
-                    .tokens(renderer.clone(), api, raw.clone())
-                    .await,
-            ),
+        let rendered = match policy.renders() {
+            Some(renderer) => {
+                let block = policy.block_tokens() as usize;
+                let chain = self
+                    .renders
+                    .chain(renderer.clone(), api, raw.clone(), block);
+                Some(chain.await)
+            }
             None => None,
         };
-        let mut chain = policy.chain(api, &facts.prompt, tokens);
+        let mut chain = policy.chain(api, &facts.prompt, rendered);
         if let Some(rendered) = chain.rendered {
             let result = rendered.map_or_else(|why| why.as_str(), |_| "rendered");
             crate::metrics::PROMPTS_RENDERED

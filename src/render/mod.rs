@@ -90,6 +90,14 @@ impl Unrendered {
     }
 }
 
+/// A prompt rendered: the chain of its token ids (`routing::chain`), and
+/// how many ids it has.
+#[derive(Debug, PartialEq)]
+pub struct Rendered {
+    pub links: Vec<u64>,
+    pub tokens: u64,
+}
+
 /// One model's tokenizer and chat template.
 pub struct Renderer {
     dir: PathBuf,
@@ -252,6 +260,16 @@ impl Renderer {
             merge_inline_system: !system_later,
             disabled_effort,
         }
+    }
+
+    /// The prompt of a request of `api` with `body` as the chain of its
+    /// token ids, `block` of them a link.
+    pub fn chain(&self, api: Api, body: &[u8], block: usize) -> Result<Rendered, Unrendered> {
+        let ids = self.tokens(api, body)?;
+        Ok(Rendered {
+            links: crate::routing::chain::of_tokens(&ids, block),
+            tokens: ids.len() as u64,
+        })
     }
 
     /// The token ids of the prompt of a request of `api` with `body`.

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use tokio::sync::oneshot;
 
-use super::{Renderer, Unrendered};
+use super::{Rendered, Renderer, Unrendered};
 use crate::api::Api;
 
 type Job = Box<dyn FnOnce() + Send>;
@@ -45,18 +45,21 @@ impl Workers {
         Workers { jobs, max_bytes }
     }
 
-    /// The token ids of the prompt of a request of `api` with `body`.
-    pub async fn tokens(
+    /// The prompt of a request of `api` with `body` as the chain of its
+    /// token ids, `block` of them a link: linked here too, a thousand
+    /// links for a new 64 KB prompt that the proxy's thread need not make.
+    pub async fn chain(
         &self,
         renderer: Arc<Renderer>,
         api: Api,
         body: Bytes,
-    ) -> Result<Vec<u32>, Unrendered> {
+        block: usize,
+    ) -> Result<Rendered, Unrendered> {
         if body.len() > self.max_bytes {
             return Err(Unrendered::TooLong);
         }
         let done = self
-            .run(move || renderer.tokens(api, &body))
+            .run(move || renderer.chain(api, &body, block))
             .map_err(|Busy| Unrendered::Busy)?;
         // A render that panicked drops its sender.
         done.await.unwrap_or(Err(Unrendered::Failed))
@@ -136,7 +139,7 @@ mod tests {
         let pool = Workers::start(1, 1, 8);
         let renderer = Arc::new(super::super::tests::byte_model());
         let body = Bytes::from_static(br#"{"messages":[{"role":"user","content":"hi"}]}"#);
-        let tokens = pool.tokens(renderer, Api::ChatCompletions, body).await;
-        assert_eq!(tokens, Err(Unrendered::TooLong));
+        let chain = pool.chain(renderer, Api::ChatCompletions, body, 16).await;
+        assert_eq!(chain, Err(Unrendered::TooLong));
     }
 }

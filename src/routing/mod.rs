@@ -285,25 +285,25 @@ impl Policy {
     }
 
     /// The chain of a request's prompt, when an index is kept: of its
-    /// token ids, `tokens`, when the model's events keep the index (if the
-    /// prompt was not rendered: of its text), else of its text.
+    /// token ids, `rendered`, when the model's events keep the index (if
+    /// the prompt was not rendered: of its text), else of its text.
     pub fn chain(
         &self,
         api: Api,
         prompt: &Prompt,
-        tokens: Option<Result<Vec<u32>, crate::render::Unrendered>>,
+        rendered: Option<Result<crate::render::Rendered, crate::render::Unrendered>>,
     ) -> Chain {
         if self.prefix_index.is_none() {
             return Chain::default();
         }
-        let (Some(exact), Some(tokens)) = (&self.exact, tokens) else {
+        let (Some(exact), Some(rendered)) = (&self.exact, rendered) else {
             return Chain::of_text(chain::of_prompt(api, prompt));
         };
-        match tokens {
-            Ok(ids) => Chain {
-                links: chain::of_tokens(&ids, exact.endpoints.block_size),
+        match rendered {
+            Ok(r) => Chain {
+                links: r.links,
                 block_tokens: exact.endpoints.block_size as u64,
-                rendered: Some(Ok(ids.len() as u64)),
+                rendered: Some(Ok(r.tokens)),
             },
             Err(why) => Chain {
                 rendered: Some(Err(why)),

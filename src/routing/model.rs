@@ -490,11 +490,11 @@ mod tests {
         let body = serde_json::json!({"model": "m", "messages": messages}).to_string();
         let key = (!key.is_empty()).then(|| HeaderValue::from_static(key));
         let api = Api::ChatCompletions;
-        let tokens = routing
+        let rendered = routing
             .policy
             .renders()
-            .map(|r| r.tokens(api, body.as_bytes()));
-        let chain = (routing.policy).chain(api, &crate::body::prompt_of(body.as_bytes()), tokens);
+            .map(|r| r.chain(api, body.as_bytes(), routing.policy.block_tokens() as usize));
+        let chain = (routing.policy).chain(api, &crate::body::prompt_of(body.as_bytes()), rendered);
         routing
             .input(key, false, api, &crate::body::prompt_of(body.as_bytes()))
             .with_chain(chain)
@@ -543,11 +543,11 @@ mod tests {
         let body = serde_json::json!({"model": "m", "messages": messages}).to_string();
         let prompt = crate::body::prompt_of(body.as_bytes());
         let api = Api::ChatCompletions;
-        let tokens = routing
+        let rendered = routing
             .policy
             .renders()
-            .map(|r| r.tokens(api, body.as_bytes()));
-        let chain = (routing.policy).chain(api, &prompt, tokens);
+            .map(|r| r.chain(api, body.as_bytes(), routing.policy.block_tokens() as usize));
+        let chain = (routing.policy).chain(api, &prompt, rendered);
         let input = routing.input(None, false, Api::ChatCompletions, &prompt);
         input.with_chain(chain)
     }
