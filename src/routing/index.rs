@@ -43,6 +43,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, MutexGuard};
+use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 
 use super::lru::{Lru, Node};
@@ -80,8 +81,10 @@ const TIP_REACH: usize = 512;
 #[derive(Default)]
 struct Inner {
     blocks: Blocks,
-    /// Each backend's id: its place in `backends`.
-    ids: HashMap<SocketAddr, u32>,
+    /// Each backend's id: its place in `backends`. The addresses are the
+    /// gateway's own configuration, nothing a client could flood: hashed
+    /// with rustc-hash, not SipHash.
+    ids: FxHashMap<SocketAddr, u32>,
     /// By id; `None`: forgotten, the id free for the next new backend
     /// once its blocks are released.
     backends: Vec<Option<Backend>>,
@@ -165,14 +168,16 @@ impl PrefixIndex {
     /// The backends holding the head of `chain`, each with how many of its
     /// leading blocks; a backend holding none is not listed.
     pub fn lookup(&self, chain: &[u64]) -> Holders {
-        let now = self.now();
+        // The clock is read only for a block held for a while.
+        let now = std::cell::OnceCell::new();
+        let now = || *now.get_or_init(|| self.now());
         let inner = self.lock();
         let mut held = Holders::new();
         for (depth, block) in chain.iter().enumerate() {
             let Some(holders) = inner.blocks.get(block) else {
                 break;
             };
-            let holders = holders.iter().filter(|h| h.until == 0 || h.until > now);
+            let holders = holders.iter().filter(|h| h.until == 0 || h.until > now());
             if depth == 0 {
                 held.extend(holders.filter_map(|h| {
                     let addr = inner.backends[h.id as usize].as_ref()?.addr;
