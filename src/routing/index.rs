@@ -144,8 +144,8 @@ struct Backend {
 }
 
 /// Blocks of forgotten backends released by each change of the index:
-/// tens of microseconds under the lock, where releasing a million at once
-/// held every request of the model for tens of milliseconds.
+/// microseconds under the lock, where releasing a million at once held
+/// every request of the model for 140 ms (`benches/routing.rs`).
 const SWEEP: usize = 256;
 
 impl PrefixIndex {
