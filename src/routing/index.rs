@@ -24,7 +24,8 @@
 //! Where a model's KV-cache events keep it exact, what the gateway routes
 //! counts only until they confirm it, for a while
 //! ([`routed_unconfirmed`]): what they never confirm is not believed for
-//! long.
+//! long, and is released when the backend is next routed to, in a list of
+//! its own, so that it never evicts what they confirmed.
 //!
 //! Beside the blocks, the index keeps where each prompt routed ended (its
 //! last block, a "tip"): a conversation's next turn resends the previous
@@ -130,14 +131,28 @@ struct Holder {
     /// 0: held; else held only until this time ([`PrefixIndex::now`]),
     /// unless confirmed before.
     until: u32,
-    /// The block's place in the backend's [`Lru`].
+    /// The block's place in the backend's `lru` (held), or `pending`.
     node: Node,
+}
+
+impl Holder {
+    fn list<'a>(&self, backend: &'a mut Backend) -> &'a mut Lru {
+        match self.until {
+            0 => &mut backend.lru,
+            _ => &mut backend.pending,
+        }
+    }
 }
 
 struct Backend {
     id: u32,
     addr: SocketAddr,
+    /// Blocks held for good, least recently used first.
     lru: Lru,
+    /// Blocks routed and not confirmed yet (held until a time), in the
+    /// order their time ends: those its events never confirm are released
+    /// when it has, not kept in the backend's room until evicted.
+    pending: Lru,
     /// The tick it was added at: a tip older names an earlier backend of
     /// its id.
     since: u64,
@@ -269,27 +284,40 @@ impl PrefixIndex {
                 .record(last, id as u32, tick, self.total / 8 + 1024);
         }
         let backend = inner.backends[id].as_mut().expect("a known id is live");
+        if !backend.pending.is_empty() {
+            expire(&mut inner.blocks, backend, &mut inner.held, self.now());
+        }
         // Deepest first: of equally recent blocks, the tail goes first.
         for block in chain.iter().rev() {
             let holders = inner.blocks.holders(*block);
             match holders.iter_mut().find(|h| h.id == backend.id) {
+                // Held, or confirmed now: held from now on.
+                Some(h) if until == 0 && h.until != 0 => {
+                    backend.pending.remove(h.node);
+                    h.until = 0;
+                    h.node = backend.lru.push(*block);
+                }
                 Some(h) => {
-                    backend.lru.touch(h.node);
+                    // Renewed: a later end, so the pending order stays the
+                    // order the ends come in.
                     if h.until != 0 {
-                        h.until = if until == 0 { 0 } else { h.until.max(until) };
+                        h.until = h.until.max(until);
                     }
+                    h.list(backend).touch(h.node);
                 }
                 None => {
-                    holders.push(Holder {
+                    let h = Holder {
                         id: backend.id,
                         until,
-                        node: backend.lru.push(*block),
-                    });
+                        node: 0,
+                    };
+                    let node = h.list(backend).push(*block);
+                    holders.push(Holder { node, ..h });
                     inner.held += 1;
                 }
             }
         }
-        while backend.lru.len() > cap {
+        while backend.lru.len() + backend.pending.len() > cap {
             evict_oldest(&mut inner.blocks, backend, &mut inner.held);
         }
         inner.sweep();
@@ -306,8 +334,8 @@ impl PrefixIndex {
             .as_mut()
             .expect("a known id is live");
         for block in blocks {
-            if let Some(node) = release(&mut inner.blocks, *block, backend.id) {
-                backend.lru.remove(node);
+            if let Some(h) = release(&mut inner.blocks, *block, backend.id) {
+                h.list(backend).remove(h.node);
                 inner.held -= 1;
             }
         }
@@ -343,7 +371,7 @@ impl PrefixIndex {
         let inner = self.lock();
         addrs
             .iter()
-            .map(|a| (*a, inner.backend(a).map_or(0, |b| b.lru.len())))
+            .map(|a| (*a, inner.backend(a).map_or(0, Backend::len)))
             .collect()
     }
 
@@ -376,6 +404,7 @@ impl Inner {
             id: id as u32,
             addr,
             lru: Lru::default(),
+            pending: Lru::default(),
             since: self.tick,
         });
         self.ids.insert(addr, id as u32);
@@ -392,11 +421,11 @@ impl Inner {
     fn sweep(&mut self) {
         let mut left = SWEEP;
         while let Some(backend) = self.retired.last_mut() {
-            while left > 0 && backend.lru.len() > 0 {
+            while left > 0 && backend.len() > 0 {
                 evict_oldest(&mut self.blocks, backend, &mut self.held);
                 left -= 1;
             }
-            if backend.lru.len() > 0 {
+            if backend.len() > 0 {
                 return;
             }
             self.retired.pop();
@@ -404,24 +433,51 @@ impl Inner {
     }
 }
 
-/// Drop `backend`'s least recently used block.
+impl Backend {
+    /// Blocks it holds or is taken to hold for a while.
+    fn len(&self) -> usize {
+        self.lru.len() + self.pending.len()
+    }
+}
+
+/// Drop `backend`'s least recently used block held, else its oldest
+/// pending one.
 fn evict_oldest(blocks: &mut Blocks, backend: &mut Backend, held: &mut usize) {
-    if let Some((block, node)) = backend.lru.oldest() {
+    let list = match backend.lru.len() {
+        0 => &mut backend.pending,
+        _ => &mut backend.lru,
+    };
+    if let Some((block, node)) = list.oldest() {
         release(blocks, block, backend.id);
-        backend.lru.remove(node);
+        list.remove(node);
         *held -= 1;
     }
 }
 
-/// Remove holder `id` from `block`; its node, if it held it.
-fn release(blocks: &mut Blocks, block: u64, id: u32) -> Option<Node> {
+/// Drop `backend`'s pending blocks whose time ended before `now`.
+fn expire(blocks: &mut Blocks, backend: &mut Backend, held: &mut usize, now: u32) {
+    while let Some((block, node)) = backend.pending.oldest() {
+        let ended = (blocks.get(&block))
+            .and_then(|hs| hs.iter().find(|h| h.id == backend.id))
+            .is_none_or(|h| h.until <= now);
+        if !ended {
+            return;
+        }
+        release(blocks, block, backend.id);
+        backend.pending.remove(node);
+        *held -= 1;
+    }
+}
+
+/// Remove holder `id` from `block`; the holder, if it held it.
+fn release(blocks: &mut Blocks, block: u64, id: u32) -> Option<Holder> {
     let holders = blocks.get_mut(&block)?;
     let pos = holders.iter().position(|h| h.id == id)?;
-    let node = holders.swap_remove(pos).node;
+    let holder = holders.swap_remove(pos);
     if holders.is_empty() {
         blocks.remove(&block);
     }
-    Some(node)
+    Some(holder)
 }
 
 /// Each block's holders, in maps of their own by 8 bits of the block's
@@ -530,6 +586,29 @@ mod tests {
         index.routed_unconfirmed(addr(2), &[1, 2, 3], ttl);
         std::thread::sleep(Duration::from_millis(250));
         assert_eq!(held(&index, &[1, 2, 3]), vec![(2, 2)]);
+    }
+
+    #[test]
+    fn unconfirmed_blocks_whose_time_ended_take_no_room_from_held_ones() {
+        let index = PrefixIndex::new(4, 1000);
+        let ttl = Duration::from_millis(100);
+        index.insert(addr(1), &[1, 2, 3]);
+        // Routed there, and its events never say it was stored.
+        index.routed_unconfirmed(addr(1), &[10], ttl);
+        assert_eq!(held(&index, &[10]), [(1, 1)]);
+        std::thread::sleep(Duration::from_millis(250));
+        // Room for four: the block whose time ended goes, not a held one.
+        index.insert(addr(1), &[4]);
+        assert_eq!(held(&index, &[1, 2, 3]), [(1, 3)]);
+        assert_eq!(held(&index, &[4]), [(1, 1)]);
+        assert_eq!(held(&index, &[10]), []);
+        assert_eq!(index.len(), 4);
+        // One confirmed in time is held for good.
+        index.routed_unconfirmed(addr(1), &[20], ttl);
+        index.insert(addr(1), &[20]);
+        std::thread::sleep(Duration::from_millis(250));
+        index.insert(addr(1), &[1]);
+        assert_eq!(held(&index, &[20]), [(1, 1)]);
     }
 
     #[test]

@@ -32,6 +32,10 @@ impl Lru {
         self.len
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
     /// `block`, newest.
     pub fn push(&mut self, block: u64) -> Node {
         let slot = Slot {
