@@ -94,7 +94,6 @@ struct Inner {
     retired: Vec<Backend>,
     live: usize,
     tick: u64,
-    held: usize,
     tips: Tips,
 }
 
@@ -285,7 +284,7 @@ impl PrefixIndex {
         }
         let backend = inner.backends[id].as_mut().expect("a known id is live");
         if !backend.pending.is_empty() {
-            expire(&mut inner.blocks, backend, &mut inner.held, self.now());
+            expire(&mut inner.blocks, backend, self.now());
         }
         // Deepest first: of equally recent blocks, the tail goes first.
         for block in chain.iter().rev() {
@@ -313,12 +312,11 @@ impl PrefixIndex {
                     };
                     let node = h.list(backend).push(*block);
                     holders.push(Holder { node, ..h });
-                    inner.held += 1;
                 }
             }
         }
-        while backend.lru.len() + backend.pending.len() > cap {
-            evict_oldest(&mut inner.blocks, backend, &mut inner.held);
+        while backend.len() > cap {
+            evict_oldest(&mut inner.blocks, backend);
         }
         inner.sweep();
     }
@@ -336,7 +334,6 @@ impl PrefixIndex {
         for block in blocks {
             if let Some(h) = release(&mut inner.blocks, *block, backend.id) {
                 h.list(backend).remove(h.node);
-                inner.held -= 1;
             }
         }
         inner.sweep();
@@ -363,7 +360,7 @@ impl PrefixIndex {
     /// Blocks held, over all backends.
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.lock().held
+        self.lock().held()
     }
 
     /// Blocks each of `addrs` holds (for the metric).
@@ -412,6 +409,14 @@ impl Inner {
         id
     }
 
+    /// Blocks held, over all backends (forgotten ones' not yet released
+    /// too).
+    #[cfg(test)]
+    fn held(&self) -> usize {
+        let backends = self.backends.iter().flatten().chain(&self.retired);
+        backends.map(Backend::len).sum()
+    }
+
     fn backend(&self, addr: &SocketAddr) -> Option<&Backend> {
         self.backends[*self.ids.get(addr)? as usize].as_ref()
     }
@@ -422,7 +427,7 @@ impl Inner {
         let mut left = SWEEP;
         while let Some(backend) = self.retired.last_mut() {
             while left > 0 && backend.len() > 0 {
-                evict_oldest(&mut self.blocks, backend, &mut self.held);
+                evict_oldest(&mut self.blocks, backend);
                 left -= 1;
             }
             if backend.len() > 0 {
@@ -442,7 +447,7 @@ impl Backend {
 
 /// Drop `backend`'s least recently used block held, else its oldest
 /// pending one.
-fn evict_oldest(blocks: &mut Blocks, backend: &mut Backend, held: &mut usize) {
+fn evict_oldest(blocks: &mut Blocks, backend: &mut Backend) {
     let list = match backend.lru.len() {
         0 => &mut backend.pending,
         _ => &mut backend.lru,
@@ -450,12 +455,11 @@ fn evict_oldest(blocks: &mut Blocks, backend: &mut Backend, held: &mut usize) {
     if let Some((block, node)) = list.oldest() {
         release(blocks, block, backend.id);
         list.remove(node);
-        *held -= 1;
     }
 }
 
 /// Drop `backend`'s pending blocks whose time ended before `now`.
-fn expire(blocks: &mut Blocks, backend: &mut Backend, held: &mut usize, now: u32) {
+fn expire(blocks: &mut Blocks, backend: &mut Backend, now: u32) {
     while let Some((block, node)) = backend.pending.oldest() {
         let ended = (blocks.get(&block))
             .and_then(|hs| hs.iter().find(|h| h.id == backend.id))
@@ -465,7 +469,6 @@ fn expire(blocks: &mut Blocks, backend: &mut Backend, held: &mut usize, now: u32
         }
         release(blocks, block, backend.id);
         backend.pending.remove(node);
-        *held -= 1;
     }
 }
 
@@ -671,7 +674,7 @@ mod tests {
         }
         let inner = index.lock();
         assert_eq!(inner.backend(&addr(1)).unwrap().lru.len(), 3);
-        assert_eq!(inner.held, 3);
+        assert_eq!(inner.held(), 3);
     }
 
     #[test]
