@@ -339,9 +339,12 @@ impl Gateway {
         self.conf.log()
     }
 
-    /// Every line logged so far, each parsed as one JSON object.
+    /// Every line logged so far, each parsed as one JSON object. A last
+    /// line without its newline is still being written and is left out.
     pub fn log_lines(&self) -> Vec<serde_json::Value> {
-        self.stderr()
+        let log = self.stderr();
+        let complete = log.rfind('\n').map_or("", |end| &log[..end]);
+        complete
             .lines()
             .map(|l| {
                 let v: serde_json::Value =
