@@ -28,8 +28,10 @@ pub struct RequestCtx {
     pub(super) first_byte: Option<Duration>,
     /// An error decided by the gateway, rendered by `fail_to_proxy`.
     pub(super) error: Option<ApiError>,
-    /// Its span, when tracing is on and it is an API request.
-    pub(super) trace: Option<RequestSpan>,
+    /// Its span, when tracing is on and it is an API request. Boxed: Pingora
+    /// keeps the context inline in every request's future, which it moves
+    /// at each request of a connection.
+    pub(super) trace: Option<Box<RequestSpan>>,
     /// The name the client asked for, when an alias of the served model.
     pub(super) asked_model: Option<String>,
     /// The learned model or adapter it asked for (its pool's name is a

@@ -166,7 +166,9 @@ impl ProxyHttp for Gateway {
         {
             let now = SystemTime::now();
             let started = now.checked_sub(ctx.started.elapsed()).unwrap_or(now);
-            ctx.trace = traces.begin(started, &req.method, &req.headers);
+            ctx.trace = traces
+                .begin(started, &req.method, &req.headers)
+                .map(Box::new);
         }
         // Before anything is read or queued; `/health` needs no credential.
         let authenticated = match endpoint {
