@@ -2,6 +2,7 @@
 //! the proxy on every listener, the Prometheus endpoint, and the background
 //! work (health checks, JWKS refresh, DNS discovery).
 
+use pingora::apps::HttpServerOptions;
 use pingora::connectors::ConnectorOptions;
 use pingora::listeners::{L4BufferSettings, ListenerConfig};
 use pingora::proxy::ProxyServiceBuilder;
@@ -45,9 +46,14 @@ pub fn add(
         .build();
     // A reload closes no connection under a request the client is sending:
     // an idle one is answered `Connection: close` at its next request
-    // (vendor/pingora-proxy).
+    // (vendor/pingora-proxy), and an HTTP/2 one accepted just before the
+    // listener stopped has its first request served before the GOAWAY
+    // (vendor/pingora-core).
     if let Some(app) = proxy.app_logic_mut() {
         app.answer_idle_connections_at_shutdown = true;
+        let mut options = HttpServerOptions::default();
+        options.h2_first_stream_at_shutdown = true;
+        app.server_options = Some(options);
     }
     for l in listen {
         let addr = l.addr.to_string();

@@ -548,3 +548,64 @@ async fn a_graceful_upgrade_under_load_swaps_the_certificate() {
         "{h2} of {ok} over HTTP/2: both versions under load"
     );
 }
+
+/// An HTTP/2 connection the old process accepted just before it stopped
+/// listening, on which the client has sent nothing yet, has its first
+/// request served after the old process's shutdown has begun, not a GOAWAY
+/// that fails it unsent (a client does not retry a request on a connection
+/// that was new).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_new_http2_connection_at_a_reload_has_its_first_request_served() {
+    let ca = TestCa::new("test CA");
+    let backend = FakeBackend::start().await;
+    let conf = Conf::new(3);
+    let (cert, key) = ca.leaf(&[TLS_IP]).write(conf.dir(), "gw");
+    let mut d = Daemons {
+        conf: conf.serve_tls(cert, key),
+        pids: Vec::new(),
+    };
+    d.conf.write(&one_model("m", &[backend.addr]));
+    assert!(d.start(false).wait().await.unwrap().success());
+    let pid = d.next_pid(0).await;
+    let listening = d.conf.listening(pid).await;
+    let addr = d.conf.tls_listening(pid);
+
+    // Connected to the only process listening: the one about to be replaced.
+    let mut config = ca.client_config(&[&rustls::version::TLS13]);
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let tls = TlsConnector::from(Arc::new(config))
+        .connect(ServerName::try_from(TLS_IP).unwrap(), tcp)
+        .await
+        .unwrap();
+    let (send, connection) = h2::client::handshake(tls).await.unwrap();
+    tokio::spawn(connection);
+
+    let old = upgrade(&mut d, listening).await;
+    eventually("the old process's shutdown begun", || async {
+        d.conf.log().contains("Graceful shutdown started")
+    })
+    .await;
+    assert!(alive(old));
+    let mut send = send.ready().await.expect("the connection takes a request");
+    let request = http::Request::post(format!("https://{TLS_IP}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(())
+        .unwrap();
+    let (response, mut body) = send.send_request(request, false).unwrap();
+    body.send_data(chat_body("m", "first").into(), true)
+        .unwrap();
+    let response = response.await.expect("answered");
+    assert_eq!(response.status(), 200);
+    let mut data = response.into_body();
+    let mut answer = Vec::new();
+    while let Some(chunk) = data.data().await {
+        let chunk = chunk.unwrap();
+        let _ = data.flow_control().release_capacity(chunk.len());
+        answer.extend_from_slice(&chunk);
+    }
+    // The backend's answer, whole.
+    let answer: serde_json::Value = serde_json::from_slice(&answer).unwrap();
+    assert_eq!(answer["model"], "m");
+    assert_eq!(backend.count(), 1);
+}
