@@ -591,6 +591,13 @@ impl HttpSession {
             if let Some(buffer) = self.retry_buffer.as_mut() {
                 buffer.write_to_buffer(&bytes);
             }
+            // Modified for poimen-gateway: once the body is read whole its
+            // read buffer (64 KiB) is of no more use, and the session would
+            // keep it until the request ends: for a request that then waits
+            // on its upstream, that is 64 KiB held per request in flight.
+            if self.body_reader.body_done() {
+                self.body_reader.body_buf = None;
+            }
             bytes
         }))
     }
