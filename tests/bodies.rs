@@ -5,8 +5,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use tokio::io::AsyncReadExt;
-use tokio::net::TcpListener;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
 
 use crate::support::backend::Seen;
 use crate::support::gateway::one_model;
@@ -45,6 +45,55 @@ async fn an_8_mib_body_with_model_last_arrives_byte_identical() {
         assert_eq!(resp.status(), 200, "size {size}");
         assert_forwarded_intact(&b.seen().pop().unwrap(), &body);
     }
+}
+
+/// A sized body that arrives in pieces (the first with the header, the last
+/// with the next request on the same connection, pipelined) reaches the
+/// backend whole, and so does the next request.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_body_in_pieces_then_a_pipelined_request_arrive_intact() {
+    let b = FakeBackend::start().await;
+    let gw = Gateway::start(&one_model("m", &[b.addr])).await;
+    let (first, second) = (big_body("m", 200_000), big_body("m", 1_000));
+    let request = |body: &[u8]| {
+        let head = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        [head.as_bytes(), body].concat()
+    };
+    let first_request = request(&first);
+    let cut = first_request.len() - first.len() + 1_000;
+    let mut last = first_request[cut + 100_000..].to_vec();
+    last.extend_from_slice(&request(&second));
+    let mut tcp = TcpStream::connect(gw.addr).await.unwrap();
+    for piece in [
+        &first_request[..cut],
+        &first_request[cut..cut + 100_000],
+        &last,
+    ] {
+        tcp.write_all(piece).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Both answered, in order, on the one connection.
+    let mut answers = Vec::new();
+    let mut buf = [0u8; 4096];
+    while String::from_utf8_lossy(&answers)
+        .matches("HTTP/1.1 200")
+        .count()
+        < 2
+    {
+        let n = tokio::time::timeout(Duration::from_secs(10), tcp.read(&mut buf))
+            .await
+            .expect("both answered")
+            .unwrap();
+        assert!(n > 0, "closed: {}", String::from_utf8_lossy(&answers));
+        answers.extend_from_slice(&buf[..n]);
+    }
+    let seen = b.seen();
+    assert_eq!(seen.len(), 2);
+    assert_forwarded_intact(&seen[0], &first);
+    assert_forwarded_intact(&seen[1], &second);
 }
 
 /// `body` as a stream of 1000-byte pieces: with no length known, reqwest

@@ -33,8 +33,18 @@ pub async fn read_whole(session: &mut Session, limit: usize) -> Result<Bytes, St
     if declared.is_some_and(|n| n > limit) {
         return Err(too_large());
     }
-    // A body that arrives in one piece (the usual request) is kept as it
-    // came, not copied. A declared length is read into one buffer of that
+    // A declared length over HTTP/1 is read into one buffer of that size,
+    // in as few reads as the socket allows and with no copy
+    // (vendor/pingora-core).
+    if declared.is_some() {
+        match session.read_body_whole().await {
+            Ok(Some(body)) => return Ok(body),
+            Ok(None) => {}
+            Err(e) => return Err(Stop::ClientGone(e)),
+        }
+    }
+    // Otherwise (HTTP/2, chunked), a body that arrives in one piece is kept
+    // as it came, not copied. A declared length is read into one buffer of that
     // size; a chunked body's pieces are kept and joined once at the end, so
     // no buffer is regrown (and copied) on the way, which would leave the
     // allocator holding every smaller buffer it outgrew.

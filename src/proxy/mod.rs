@@ -151,6 +151,11 @@ impl ProxyHttp for Gateway {
         let downstream = &mut session.downstream_session;
         downstream.set_close_on_response_before_downstream_finish(false);
         downstream.set_total_drain_timeout(Some(REFUSED_BODY_DRAIN));
+        // A client may send its next request before it has read this one's
+        // answer (HTTP/1.1 pipelining): served in turn. Pingora's default
+        // takes those bytes, read while this answer is proxied, for a
+        // broken body and fails this request with a 502.
+        downstream.set_pipelining_enabled(true);
         let req = session.req_header();
         if !endpoints::plain_target(&req.uri, req.version) {
             let why = "the request target must be a plain path: no scheme or host, no dot segments, no encoded dots or slashes";

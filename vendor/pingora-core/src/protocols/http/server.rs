@@ -175,6 +175,16 @@ impl Session {
         }
     }
 
+    // Modified for poimen-gateway.
+    /// See [`SessionV1::read_body_whole`]; `None`, and nothing read, on
+    /// other protocols.
+    pub async fn read_body_whole(&mut self) -> Result<Option<Bytes>> {
+        match self {
+            Self::H1(s) => s.read_body_whole().await,
+            _ => Ok(None),
+        }
+    }
+
     /// Discard the request body by reading it until completion.
     ///
     /// This is useful for making streams reusable (in particular for HTTP/1.1) after returning an

@@ -151,6 +151,8 @@ pub struct BodyReader {
     rewind_buf_len: usize,
     upstream: bool,
     body_buf_overread: Option<BytesMut>,
+    // Modified for poimen-gateway: see `whole_sized_body`.
+    whole: bool,
 }
 
 impl BodyReader {
@@ -162,7 +164,22 @@ impl BodyReader {
             rewind_buf_len: 0,
             upstream,
             body_buf_overread: None,
+            whole: false,
         }
+    }
+
+    // Modified for poimen-gateway.
+    /// Read a sized body (`Content-Length`) of which nothing was read yet
+    /// after what the buffer holds, each read as long as what is left, so
+    /// that the buffer ends holding the whole body: each read's `BufRef`
+    /// then starts where the previous one ended. False, and nothing
+    /// changes, for any other framing or a body begun.
+    pub fn whole_sized_body(&mut self) -> bool {
+        self.whole = matches!(self.body_state, PS::Partial(0, _) | PS::Complete(0));
+        if self.whole {
+            self.body_buf_size = usize::MAX;
+        }
+        self.whole
     }
 
     pub fn need_init(&self) -> bool {
@@ -407,9 +424,19 @@ impl BodyReader {
             PS::Partial(_, remaining) if !self.upstream => remaining.min(self.body_buf_size),
             _ => self.body_buf_size,
         };
+        // Modified for poimen-gateway: with `whole`, where this read starts.
+        let mut start = 0;
         if n == 0 {
             /* Need to actually read */
-            let body_buf = self.prepare_buf_for_io(read_size);
+            let body_buf = match self.whole {
+                true => {
+                    let body_buf = self.body_buf.get_or_insert_default();
+                    start = body_buf.len();
+                    body_buf.reserve(read_size);
+                    body_buf
+                }
+                false => self.prepare_buf_for_io(read_size),
+            };
             n = stream
                 .take(read_size as u64)
                 .read_buf(body_buf)
@@ -443,11 +470,11 @@ impl BodyReader {
                         }
                     }
                     self.body_state = PS::Complete(read + to_read);
-                    self.finish_body_buf(to_read, n);
-                    Ok(Some(BufRef::new(0, to_read)))
+                    self.finish_body_buf(start + to_read, start + n);
+                    Ok(Some(BufRef::new(start, to_read)))
                 } else {
                     self.body_state = PS::Partial(read + n, to_read - n);
-                    Ok(Some(BufRef::new(0, n)))
+                    Ok(Some(BufRef::new(start, n)))
                 }
             }
             _ => panic!("wrong body state: {:?}", self.body_state),

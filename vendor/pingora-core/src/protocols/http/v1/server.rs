@@ -602,6 +602,32 @@ impl HttpSession {
         }))
     }
 
+    // Modified for poimen-gateway.
+    /// Read a sized request body (`Content-Length`) whole, into one buffer
+    /// of its length, and return it: in as few reads as the socket allows,
+    /// and no copy. `None`, and nothing read, when the body is not sized
+    /// (chunked) or was begun by [`Self::read_body_bytes`]: read it with that.
+    /// For an application that needs the body whole before it proxies.
+    pub async fn read_body_whole(&mut self) -> Result<Option<Bytes>> {
+        self.init_body_reader();
+        if !self.body_reader.whole_sized_body() {
+            return Ok(None);
+        }
+        let mut end = 0;
+        while let Some(read) = self.read_body().await? {
+            end = read.1;
+        }
+        let whole = self.body_reader.body_buf.take().map_or_else(Bytes::new, |mut buf| {
+            buf.truncate(end);
+            buf.freeze()
+        });
+        self.body_bytes_read += whole.len();
+        if let Some(buffer) = self.retry_buffer.as_mut() {
+            buffer.write_to_buffer(&whole);
+        }
+        Ok(Some(whole))
+    }
+
     async fn do_read_body(&mut self) -> Result<Option<BufRef>> {
         self.init_body_reader();
         self.body_reader
