@@ -6,9 +6,12 @@ each gateway row under `valgrind --tool=callgrind --instr-atstart=no`
 (1 worker thread), warms it up, turns collection on for a wrk run
 (chat.lua, 4 connections), and divides the instructions counted by the
 requests completed meanwhile. Rows: gateway-quiet, gateway-index-quiet
-(the same plus routing.prefix_index). Needs valgrind.
+(the same plus routing.prefix_index); with --bare also run.py's
+pingora-bare and pingora-body (bench/overhead/pingora-baseline, built
+into the same target dir), the floors issue 30 measures the gateway
+against. Needs valgrind.
 
-  python3 bench/overhead/instructions.py [--seconds 20] [--connections 4] [--keep]   # --keep: the callgrind files stay
+  python3 bench/overhead/instructions.py [--seconds 20] [--connections 4] [--bare] [--keep]   # --keep: the callgrind files stay
 
 With 4 connections on 4 backends a policy that spreads them evenly keeps one
 connection a backend, and Pingora's pool drops and re-creates a backend's
@@ -37,16 +40,25 @@ ROWS = {
 }
 
 
-def callgrind(procs: C.Procs, bins: Path, wd: Path, name: str, extra: dict | None,
-              backends: list[int], seconds: float, conns: int) -> tuple[int, int]:
-    """(instructions, requests) over one wrk run of `seconds`."""
-    port = C.free_port()
+def gateway_cmd(bins: Path, wd: Path, name: str, extra: dict | None, port: int,
+                backends: list[int]) -> list[str]:
     cfg = C.gateway_yaml(wd, name, port, C.free_port(),
                          [{"name": R.FAKE_MODEL, "addresses": [f"127.0.0.1:{x}" for x in backends]}],
                          threads=1, scheduler={"max_num_seqs": 4096, "max_queue_depth": 0}, extra=extra)
+    return [str(bins / "poimen-gateway"), "-c", str(cfg)]
+
+
+def bare_cmd(bare: Path, name: str, port: int, backends: list[int]) -> list[str]:
+    return [str(bare), f"127.0.0.1:{port}", "1", *R.BAREBONES[name]] + [f"127.0.0.1:{b}" for b in backends]
+
+
+def callgrind(procs: C.Procs, wd: Path, name: str, cmd: list[str], port: int,
+              seconds: float, conns: int) -> tuple[int, int]:
+    """(instructions, requests) of `cmd`, listening on `port`, over one wrk
+    run of `seconds`."""
     out = wd / f"callgrind.{name}"
     p = procs.start(name, ["valgrind", "--tool=callgrind", "--instr-atstart=no",
-                           f"--callgrind-out-file={out}", str(bins / "poimen-gateway"), "-c", str(cfg)],
+                           f"--callgrind-out-file={out}", *cmd],
                     env={**os.environ, "RUST_LOG": "warn"})
     C.wait_port(port, proc=p, timeout=120)
     R.run_wrk(port, "chat.lua", conns, 5)  # warm-up: connections, pools, the index
@@ -79,8 +91,17 @@ def main() -> int:
     with C.bench_run("instructions", "--keep" in sys.argv) as (wd, procs):
         fp = [C.free_port() for _ in range(4)]
         R.start_nginx(procs, "backends", R.backends_conf(wd, fp), fp[-1])
-        for name, extra in ROWS.items():
-            ir, n = callgrind(procs, bins, wd, name, extra, fp, seconds, conns)
+        rows = [(name, lambda port, name=name, extra=extra: gateway_cmd(bins, wd, name, extra, port, fp))
+                for name, extra in ROWS.items()]
+        if "--bare" in sys.argv:
+            bare = R.baseline_bin(bins)
+            if bare is None:
+                raise RuntimeError("bench/overhead/pingora-baseline did not build")
+            rows += [(name, lambda port, name=name: bare_cmd(bare, name, port, fp))
+                     for name in ("pingora-bare", "pingora-body")]
+        for name, cmd in rows:
+            port = C.free_port()
+            ir, n = callgrind(procs, wd, name, cmd(port), port, seconds, conns)
             print(f"{name}: {ir / n:,.0f} instructions per request ({ir:,} over {n:,} requests)", flush=True)
         if "--keep" in sys.argv:
             print(f"callgrind files in {wd} (callgrind_annotate)")
