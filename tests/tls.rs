@@ -16,7 +16,7 @@ use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName};
 use tokio_rustls::rustls::{self, ProtocolVersion};
 use tokio_rustls::TlsConnector;
 
-use crate::support::certs::TestCa;
+use crate::support::certs::{Leaf, TestCa};
 use crate::support::daemons::{upgrade, Daemons};
 use crate::support::gateway::{
     alive, check_config, one_model, temp_dir, Conf, Gateway, TempDir, TLS_IP,
@@ -441,20 +441,28 @@ impl Tally {
     }
 }
 
+/// A daemon started as systemd starts it (`-d`, upgradable in place),
+/// serving `leaf` on its TLS listener and model `m` on `backend`: it, and
+/// its pid.
+async fn tls_daemon(leaf: &Leaf, backend: SocketAddr) -> (Daemons, u32) {
+    let conf = Conf::new(3);
+    let (cert, key) = leaf.write(conf.dir(), "gw");
+    let d = Daemons {
+        conf: conf.serve_tls(cert, key),
+        pids: Vec::new(),
+    };
+    d.conf.write(&one_model("m", &[backend]));
+    assert!(d.start(false).wait().await.unwrap().success());
+    let pid = d.next_pid(0).await;
+    (d, pid)
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_graceful_upgrade_under_load_swaps_the_certificate() {
     let ca = TestCa::new("test CA");
     let backend = FakeBackend::start().await;
-    let conf = Conf::new(3);
     let (old_leaf, new_leaf) = (ca.leaf(&[TLS_IP]), ca.leaf(&[TLS_IP]));
-    let (cert, key) = old_leaf.write(conf.dir(), "gw");
-    let mut d = Daemons {
-        conf: conf.serve_tls(cert, key),
-        pids: Vec::new(),
-    };
-    d.conf.write(&one_model("m", &[backend.addr]));
-    assert!(d.start(false).wait().await.unwrap().success());
-    let pid = d.next_pid(0).await;
+    let (mut d, pid) = tls_daemon(&old_leaf, backend.addr).await;
     let listening = d.conf.listening(pid).await;
     let url = https(d.conf.tls_listening(pid), "/v1/chat/completions");
 
@@ -558,15 +566,7 @@ async fn a_graceful_upgrade_under_load_swaps_the_certificate() {
 async fn a_new_http2_connection_at_a_reload_has_its_first_request_served() {
     let ca = TestCa::new("test CA");
     let backend = FakeBackend::start().await;
-    let conf = Conf::new(3);
-    let (cert, key) = ca.leaf(&[TLS_IP]).write(conf.dir(), "gw");
-    let mut d = Daemons {
-        conf: conf.serve_tls(cert, key),
-        pids: Vec::new(),
-    };
-    d.conf.write(&one_model("m", &[backend.addr]));
-    assert!(d.start(false).wait().await.unwrap().success());
-    let pid = d.next_pid(0).await;
+    let (mut d, pid) = tls_daemon(&ca.leaf(&[TLS_IP]), backend.addr).await;
     let listening = d.conf.listening(pid).await;
     let addr = d.conf.tls_listening(pid);
 
