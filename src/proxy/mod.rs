@@ -253,6 +253,10 @@ impl ProxyHttp for Gateway {
         peer.options.connection_timeout = Some(self.config.connect_timeout);
         // Both the wait for the response header and for each body chunk.
         peer.options.read_timeout = Some(self.config.read_timeout);
+        // Response header names go out as Pingora writes them (names are
+        // case-insensitive), not as vLLM wrote them: keeping their case
+        // costs a second map and copies per header (vendor/pingora-core).
+        peer.options.preserve_h1_response_header_case = false;
         Ok(Box::new(peer))
     }
 

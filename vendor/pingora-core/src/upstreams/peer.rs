@@ -541,6 +541,14 @@ pub struct PeerOptions {
     /// **Note:** This field is unstable and may be removed or changed in future versions.
     /// It exists primarily for compatibility with legacy servers that send malformed headers.
     pub allow_h1_response_invalid_content_length: bool,
+    // Modified for poimen-gateway.
+    /// Keep the case of an HTTP/1 response's header names as the upstream
+    /// wrote them (true, the default). Off, the names are written as Pingora
+    /// writes any header it did not read (standard ones capitalized, others
+    /// lowercase): header names are case-insensitive, and keeping a second,
+    /// case-preserving map of every response's headers costs a copy and
+    /// allocations for each header read, and for each one a filter adds.
+    pub preserve_h1_response_header_case: bool,
     /// Controls automatically forwarded request headers sent to HTTP upstreams.
     pub http_upstream_request_policy: HttpUpstreamRequestPolicy,
     pub extra_proxy_headers: BTreeMap<String, Vec<u8>>,
@@ -600,6 +608,7 @@ impl PeerOptions {
             h2_stream_window_size: None,
             h2_connection_window_size: None,
             allow_h1_response_invalid_content_length: false,
+            preserve_h1_response_header_case: true,
             http_upstream_request_policy: HttpUpstreamRequestPolicy::default(),
             extra_proxy_headers: BTreeMap::new(),
             curves: None,

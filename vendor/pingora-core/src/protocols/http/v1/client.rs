@@ -67,6 +67,8 @@ pub struct HttpSession {
     // If allowed, does not fail with error on invalid content-length
     // (treats as close-delimited response).
     allow_h1_response_invalid_content_length: bool,
+    // Modified for poimen-gateway: `PeerOptions::preserve_h1_response_header_case`.
+    preserve_response_header_case: bool,
 }
 
 /// HTTP 1.x client session
@@ -100,6 +102,7 @@ impl HttpSession {
             received_upgrade_req_body: false,
             close_delimited_resp: false,
             allow_h1_response_invalid_content_length: false,
+            preserve_response_header_case: true,
         }
     }
 
@@ -110,6 +113,7 @@ impl HttpSession {
             session.set_allow_h1_response_invalid_content_length(
                 options.allow_h1_response_invalid_content_length,
             );
+            session.preserve_response_header_case = options.preserve_h1_response_header_case;
         }
         session
     }
@@ -284,10 +288,13 @@ impl HttpSession {
                         // while header_refs doesn't as it is still empty
                         let _num_headers = populate_headers(base, &mut header_refs, resp.headers);
 
-                        let mut response_header = match ResponseHeader::build(
-                            resp.code.unwrap(),
-                            Some(resp.headers.len()),
-                        ) {
+                        // Modified for poimen-gateway: `preserve_response_header_case`.
+                        let (code, size) = (resp.code.unwrap(), Some(resp.headers.len()));
+                        let built = match self.preserve_response_header_case {
+                            true => ResponseHeader::build(code, size),
+                            false => ResponseHeader::build_no_case(code, size),
+                        };
+                        let mut response_header = match built {
                             Ok(header) => Box::new(header),
                             Err(e) => return self.fail_response_header_read(e),
                         };
