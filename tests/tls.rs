@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
 use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName};
 use tokio_rustls::rustls::{self, ProtocolVersion};
 use tokio_rustls::TlsConnector;
@@ -182,23 +183,30 @@ async fn answer_to(addr: SocketAddr, hello: &[u8]) -> Vec<u8> {
     buf
 }
 
+/// A TLS connection to the gateway's listener at `addr`, trusting `ca`, in
+/// TLS `version`, offering the protocols `alpn`.
+async fn tls_connect(
+    ca: &TestCa,
+    addr: SocketAddr,
+    version: &'static rustls::SupportedProtocolVersion,
+    alpn: &[&[u8]],
+) -> TlsStream<TcpStream> {
+    let mut config = ca.client_config(&[version]);
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    TlsConnector::from(Arc::new(config))
+        .connect(ServerName::try_from(TLS_IP).unwrap(), tcp)
+        .await
+        .unwrap()
+}
+
 #[tokio::test]
 async fn only_tls_1_2_and_1_3_are_spoken_with_h2_or_http_1_1() {
     let ca = TestCa::new("test CA");
     let backend = FakeBackend::start().await;
     let gw = tls_gateway(&ca, &one_model("m", &[backend.addr])).await;
     let addr = gw.tls_addr.unwrap();
-    let connect = |version, alpn: &[&[u8]]| {
-        let mut config = ca.client_config(&[version]);
-        config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
-        async move {
-            let tcp = TcpStream::connect(addr).await.unwrap();
-            TlsConnector::from(Arc::new(config))
-                .connect(ServerName::try_from(TLS_IP).unwrap(), tcp)
-                .await
-                .unwrap()
-        }
-    };
+    let connect = |version, alpn| tls_connect(&ca, addr, version, alpn);
     // A client offering both gets HTTP/2.
     let h2 = connect(&rustls::version::TLS13, &[b"h2", b"http/1.1"]).await;
     assert_eq!(h2.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
@@ -571,13 +579,7 @@ async fn a_new_http2_connection_at_a_reload_has_its_first_request_served() {
     let addr = d.conf.tls_listening(pid);
 
     // Connected to the only process listening: the one about to be replaced.
-    let mut config = ca.client_config(&[&rustls::version::TLS13]);
-    config.alpn_protocols = vec![b"h2".to_vec()];
-    let tcp = TcpStream::connect(addr).await.unwrap();
-    let tls = TlsConnector::from(Arc::new(config))
-        .connect(ServerName::try_from(TLS_IP).unwrap(), tcp)
-        .await
-        .unwrap();
+    let tls = tls_connect(&ca, addr, &rustls::version::TLS13, &[b"h2"]).await;
     let (send, connection) = h2::client::handshake(tls).await.unwrap();
     tokio::spawn(connection);
 
