@@ -241,7 +241,18 @@ impl TransportConnector {
             .await
             .or_err(InternalError, "offload runtime failure")??
         } else {
-            do_connect(peer, bind_to, alpn_override, &self.tls_ctx.ctx, None).await?
+            // Modified for poimen-gateway: boxed, so that the connect and TLS
+            // handshake states do not sit in every request's future (which
+            // is moved whole, and boxed, per request) for a path taken only
+            // when no pooled connection is found.
+            Box::pin(do_connect(
+                peer,
+                bind_to,
+                alpn_override,
+                &self.tls_ctx.ctx,
+                None,
+            ))
+            .await?
         };
 
         Ok(stream)

@@ -127,7 +127,8 @@ where
                     return Ok((HttpSession::H1(h1), true));
                 }
             }
-            let session = self.h2.new_http_session(peer).await?;
+            // Modified for poimen-gateway: boxed, as `new_stream`'s connect.
+            let session = Box::pin(self.h2.new_http_session(peer)).await?;
             Ok((session, false))
         }
     }
