@@ -5,18 +5,18 @@
 //! ```text
 //! the stream: the raw JSON text, as sent, of
 //!   chat (/v1/chat/completions):  messages[0] ‖ 0x1E ‖ tools ‖ 0x1E ‖ the rest of messages
-//!                                 (the text after messages[0]: `, ... ]`)
+//!                                 (the text after messages[0]: `, ... ]`); without tools: 0x1E ‖ messages
 //!   Messages (/v1/messages):      system ‖ 0x1E ‖ tools ‖ 0x1E ‖ messages
 //!   Responses (/v1/responses):    instructions ‖ 0x1E ‖ tools ‖ 0x1E ‖ input
 //!   completions (/v1/completions): prompt
 //!   (a field absent: empty; chat messages that are no array: tools ‖ 0x1E ‖ messages)
 //! block i = bytes [i*256, (i+1)*256) of the stream; a last partial block is not one
-//! h_i = xxh3_64_with_seed(xxh3_64(block i) as 8 bytes little-endian, h_(i-1)), h_(-1) = 0
+//! h_i = xxh3_64_with_seed(its second 128 bytes, xxh3_64_with_seed(its first 128 bytes, h_(i-1))), h_(-1) = 0
 //! ```
 //!
-//! (Each block is hashed with xxh3's default secret: a seeded hash of more
-//! than 240 bytes derives a secret of its own first, which cost more than
-//! the hash.)
+//! (A block is hashed as two halves: xxh3 takes an input of up to 240
+//! bytes, seeded, in a few multiplies, where a longer one takes its
+//! striped loop, and seeded it would derive a secret of its own first.)
 //!
 //! The head of a conversation (its system prompt, or its first message)
 //! comes before its tools, as chat templates render them (the system turn,
@@ -65,7 +65,9 @@ pub fn of_prompt(api: Api, p: &Prompt) -> Vec<u64> {
             messages,
         }) => {
             let messages = text(p.field(messages));
-            match messages.and_then(split_first) {
+            // Without tools there is nothing to put after the head: the
+            // first message's end is not looked for.
+            match tools.and(messages).and_then(split_first) {
                 Some((head, rest)) => stream(&[Some(head), tools, Some(rest)]),
                 None => stream(&[tools, messages]),
             }
@@ -219,8 +221,8 @@ impl Chainer {
 /// Append `block`'s link to `blocks`.
 fn chain_block(blocks: &mut Vec<u64>, block: &[u8]) {
     let parent = blocks.last().copied().unwrap_or(0);
-    let own = xxh3_64(block).to_le_bytes();
-    blocks.push(xxh3_64_with_seed(&own, parent));
+    let (first, second) = block.split_at(BLOCK_BYTES / 2);
+    blocks.push(xxh3_64_with_seed(second, xxh3_64_with_seed(first, parent)));
 }
 
 #[cfg(test)]
@@ -241,11 +243,12 @@ mod tests {
     #[test]
     fn the_chain_is_a_fixed_function_of_the_stream() {
         let body = chat(&json!([message("user", 600)]));
-        let first = serde_json::to_vec(&message("user", 600)).unwrap();
-        // messages[0] ‖ 0x1E ‖ no tools ‖ 0x1E ‖ `]`
-        let sep = [&first[..], &[0x1e, 0x1e], b"]"].concat();
-        let chained =
-            |block: &[u8], parent| xxh3_64_with_seed(&xxh3_64(block).to_le_bytes(), parent);
+        let messages = serde_json::to_vec(&json!([message("user", 600)])).unwrap();
+        // No tools: 0x1E ‖ messages.
+        let sep = [&[0x1e][..], &messages].concat();
+        let chained = |block: &[u8], parent| {
+            xxh3_64_with_seed(&block[128..], xxh3_64_with_seed(&block[..128], parent))
+        };
         let b0 = chained(&sep[..256], 0);
         let b1 = chained(&sep[256..512], b0);
         assert_eq!(sep.len() / BLOCK_BYTES, 2);
