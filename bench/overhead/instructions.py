@@ -5,13 +5,15 @@ counts do not. Starts the fake backends of run.py (one nginx, 4 ports) and
 each gateway row under `valgrind --tool=callgrind --instr-atstart=no`
 (1 worker thread), warms it up, turns collection on for a wrk run
 (chat.lua, 4 connections), and divides the instructions counted by the
-requests completed meanwhile. Rows: gateway-quiet, gateway-index-quiet
-(the same plus routing.prefix_index); with --bare also run.py's
+requests completed meanwhile (all the process's threads). Rows:
+gateway-quiet (`RUST_LOG=warn`), gateway-index-quiet (the same plus
+routing.prefix_index); with --logged also gateway (`RUST_LOG=info`: the
+per-request log line, its writer thread included); with --bare also run.py's
 pingora-bare and pingora-body (bench/overhead/pingora-baseline, built
 into the same target dir), the floors issue 30 measures the gateway
 against. Needs valgrind.
 
-  python3 bench/overhead/instructions.py [--seconds 20] [--connections 4] [--bare] [--keep]   # --keep: the callgrind files stay
+  python3 bench/overhead/instructions.py [--seconds 20] [--connections 4] [--logged] [--bare] [--keep]   # --keep: the callgrind files stay
 
 With 4 connections on 4 backends a policy that spreads them evenly keeps one
 connection a backend, and Pingora's pool drops and re-creates a backend's
@@ -53,13 +55,13 @@ def bare_cmd(bare: Path, name: str, port: int, backends: list[int]) -> list[str]
 
 
 def callgrind(procs: C.Procs, wd: Path, name: str, cmd: list[str], port: int,
-              seconds: float, conns: int) -> tuple[int, int]:
+              seconds: float, conns: int, log: str = "warn") -> tuple[int, int]:
     """(instructions, requests) of `cmd`, listening on `port`, over one wrk
     run of `seconds`."""
     out = wd / f"callgrind.{name}"
     p = procs.start(name, ["valgrind", "--tool=callgrind", "--instr-atstart=no",
                            f"--callgrind-out-file={out}", *cmd],
-                    env={**os.environ, "RUST_LOG": "warn"})
+                    env={**os.environ, "RUST_LOG": log})
     C.wait_port(port, proc=p, timeout=120)
     R.run_wrk(port, "chat.lua", conns, 5)  # warm-up: connections, pools, the index
     subprocess.run(["callgrind_control", "--instr=on", str(p.pid)], check=True, capture_output=True)
@@ -91,17 +93,19 @@ def main() -> int:
     with C.bench_run("instructions", "--keep" in sys.argv) as (wd, procs):
         fp = [C.free_port() for _ in range(4)]
         R.start_nginx(procs, "backends", R.backends_conf(wd, fp), fp[-1])
-        rows = [(name, lambda port, name=name, extra=extra: gateway_cmd(bins, wd, name, extra, port, fp))
+        rows = [(name, "warn", lambda port, name=name, extra=extra: gateway_cmd(bins, wd, name, extra, port, fp))
                 for name, extra in ROWS.items()]
+        if "--logged" in sys.argv:
+            rows.insert(0, ("gateway", "info", lambda port: gateway_cmd(bins, wd, "gateway", None, port, fp)))
         if "--bare" in sys.argv:
             bare = R.baseline_bin(bins)
             if bare is None:
                 raise RuntimeError("bench/overhead/pingora-baseline did not build")
-            rows += [(name, lambda port, name=name: bare_cmd(bare, name, port, fp))
+            rows += [(name, "warn", lambda port, name=name: bare_cmd(bare, name, port, fp))
                      for name in ("pingora-bare", "pingora-body")]
-        for name, cmd in rows:
+        for name, log, cmd in rows:
             port = C.free_port()
-            ir, n = callgrind(procs, wd, name, cmd(port), port, seconds, conns)
+            ir, n = callgrind(procs, wd, name, cmd(port), port, seconds, conns, log)
             print(f"{name}: {ir / n:,.0f} instructions per request ({ir:,} over {n:,} requests)", flush=True)
         if "--keep" in sys.argv:
             print(f"callgrind files in {wd} (callgrind_annotate)")

@@ -17,6 +17,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::HeaderMap;
 
+use crate::logging;
+
 pub use dialect::{Dialect, Usage};
 use scanner::{JsonScanner, SseScanner};
 
@@ -169,25 +171,23 @@ pub struct Record<'a> {
 impl Record<'_> {
     /// The `prefix_cache` log line: one event, fields in a fixed order.
     pub fn log(&self) {
-        log::info!(
-            target: "poimen_gateway::cache",
-            event = "prefix_cache",
-            cache_key = self.cache_key,
-            derived_key = self.derived_key,
-            cached_tokens = self.usage.cached_tokens,
-            expected_cached_tokens = self.expected_cached_tokens,
-            total_tokens = self.usage.prompt_tokens,
-            hit_rate = hit_rate(self.usage),
-            completion_tokens = self.usage.completion_tokens,
-            tenant = self.tenant,
-            model = self.model,
-            asked_model = self.asked_model,
-            backend = self.backend,
-            route = self.route,
-            status = self.status,
-            duration_ms = self.duration.as_millis() as u64;
-            ""
-        );
+        logging::event(log::Level::Info, "poimen_gateway::cache", |e| {
+            e.field("event", "prefix_cache")
+                .field("cache_key", self.cache_key)
+                .field("derived_key", self.derived_key)
+                .field("cached_tokens", self.usage.cached_tokens)
+                .field("expected_cached_tokens", self.expected_cached_tokens)
+                .field("total_tokens", self.usage.prompt_tokens)
+                .field("hit_rate", hit_rate(self.usage))
+                .field("completion_tokens", self.usage.completion_tokens)
+                .field("tenant", self.tenant)
+                .field("model", self.model)
+                .field("asked_model", self.asked_model)
+                .field("backend", self.backend)
+                .field("route", self.route)
+                .field("status", self.status)
+                .field("duration_ms", self.duration.as_millis() as u64);
+        });
     }
 }
 

@@ -5,31 +5,143 @@
 //! log record with key-values (the `log` crate's `kv`), e.g.
 //! `info!(event = "backend_restored", model = name; "")`: its fields follow
 //! at the top level, in the order written, each serialised as JSON. Any
-//! other message, Pingora's included, goes into `msg` as a string.
+//! other message, Pingora's included, goes into `msg` as a string. The
+//! per-request `prefix_cache` event is written field by field into its
+//! line instead ([`Event`]): the same JSON, without a key-value's dynamic
+//! visit, which cost more than the rest of the line.
 
-use std::fmt::Display;
-use std::io::Write;
+use std::cell::RefCell;
+use std::fmt;
+use std::io::Write as _;
 
-use log::kv::{Error as KvError, Key, Value, VisitSource};
+use log::kv::{Error as KvError, Key, Value, VisitSource, VisitValue};
 
 /// `record` as one line, stamped now (UTC, milliseconds, as env_logger's
 /// `timestamp_millis` printed it); `None` when a value fails to format (as
 /// under env_logger, such a record is not logged).
 pub fn render(record: &log::Record) -> Option<Vec<u8>> {
-    // Most lines (a `prefix_cache` event) fit without growing.
-    let mut line = Vec::with_capacity(384);
-    let ts = jiff::Timestamp::now();
-    write_line(&mut line, format_args!("{ts:.3}"), record).ok()?;
+    let mut line = Vec::with_capacity(LINE_BYTES);
+    write_line(&mut line, jiff::Timestamp::now(), record).ok()?;
     Some(line)
 }
 
-fn write_line(out: &mut impl Write, ts: impl Display, record: &log::Record) -> std::io::Result<()> {
-    let level = record.level();
-    write!(out, r#"{{"ts":"{ts}","level":"{level}","target":"#)?;
-    serde_json::to_writer(&mut *out, record.target())?;
+/// Room for most lines (a `prefix_cache` event) without growing.
+const LINE_BYTES: usize = 512;
+
+/// An event's line, its fields written one by one in order; each value is
+/// written as JSON ([`JsonValue`]).
+pub struct Event(Vec<u8>);
+
+impl Event {
+    pub(super) fn new(level: log::Level, target: &str) -> Self {
+        let mut line = Vec::with_capacity(LINE_BYTES);
+        head(&mut line, jiff::Timestamp::now(), level, target);
+        Event(line)
+    }
+
+    /// Add `"key": value`; `key`, a name in the code, is written as it is.
+    pub fn field(&mut self, key: &'static str, value: impl JsonValue) -> &mut Self {
+        debug_assert!(key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'));
+        self.0.extend_from_slice(b",\"");
+        self.0.extend_from_slice(key.as_bytes());
+        self.0.extend_from_slice(b"\":");
+        value.write_json(&mut self.0);
+        self
+    }
+
+    pub(super) fn finish(mut self) -> Vec<u8> {
+        self.0.extend_from_slice(b"}\n");
+        self.0
+    }
+}
+
+/// A value an [`Event`] field takes.
+pub trait JsonValue {
+    fn write_json(&self, out: &mut Vec<u8>);
+}
+
+impl JsonValue for &str {
+    fn write_json(&self, out: &mut Vec<u8>) {
+        string(out, self);
+    }
+}
+
+/// Numbers and booleans as serde_json writes them (a float that is no
+/// number: `null`).
+macro_rules! json_number {
+    ($($t:ty),*) => {$(
+        impl JsonValue for $t {
+            fn write_json(&self, out: &mut Vec<u8>) {
+                // Writing into a Vec cannot fail.
+                let _ = serde_json::to_writer(&mut *out, self);
+            }
+        }
+    )*};
+}
+
+json_number!(u16, u64, i64, f64, bool);
+
+impl<T: JsonValue> JsonValue for Option<T> {
+    fn write_json(&self, out: &mut Vec<u8>) {
+        match self {
+            Some(v) => v.write_json(out),
+            None => out.extend_from_slice(b"null"),
+        }
+    }
+}
+
+/// `now` as `2026-11-30T18:00:00.123Z`. Each thread formats the date and
+/// time of day once a second: a line is written every request, and
+/// formatting a timestamp whole cost as much as the rest of the line.
+fn stamp(out: &mut Vec<u8>, now: jiff::Timestamp) {
+    thread_local! {
+        /// A second, and its text without the `Z`.
+        static SECOND: RefCell<(i64, String)> = const { RefCell::new((i64::MIN, String::new())) };
+    }
+    let (second, milli) = (now.as_second(), now.subsec_millisecond());
+    let whole = jiff::Timestamp::from_second(second);
+    let (Ok(whole), 0..) = (whole, milli) else {
+        // Before 1970 (a negative fraction): not worth the cache.
+        let _ = write!(out, "{now:.3}");
+        return;
+    };
+    SECOND.with_borrow_mut(|(cached, text)| {
+        if *cached != second {
+            text.clear();
+            let _ = fmt::Write::write_fmt(text, format_args!("{whole:.0}"));
+            text.pop();
+            *cached = second;
+        }
+        out.extend_from_slice(text.as_bytes());
+    });
+    let digit = |n: i32| b'0' + (n % 10) as u8;
+    out.extend_from_slice(&[
+        b'.',
+        digit(milli / 100),
+        digit(milli / 10),
+        digit(milli),
+        b'Z',
+    ]);
+}
+
+/// `{"ts":…,"level":…,"target":…`: what every line opens with.
+fn head(out: &mut Vec<u8>, now: jiff::Timestamp, level: log::Level, target: &str) {
+    out.extend_from_slice(br#"{"ts":""#);
+    stamp(out, now);
+    out.extend_from_slice(br#"","level":""#);
+    out.extend_from_slice(level.as_str().as_bytes());
+    out.extend_from_slice(br#"","target":"#);
+    string(out, target);
+}
+
+fn write_line(
+    out: &mut Vec<u8>,
+    now: jiff::Timestamp,
+    record: &log::Record,
+) -> Result<(), KvError> {
+    head(out, now, record.level(), record.target());
     let mut fields = Fields { out, count: 0 };
-    // A failed write is reported by the writer itself below.
-    let _ = record.key_values().visit(&mut fields);
+    record.key_values().visit(&mut fields)?;
     let has_fields = fields.count > 0;
     let message = record.args();
     // Events carry an empty message; a plain message is always shown.
@@ -38,25 +150,92 @@ fn write_line(out: &mut impl Write, ts: impl Display, record: &log::Record) -> s
         None => std::borrow::Cow::Owned(message.to_string()),
     };
     if !has_fields || !text.is_empty() {
-        write!(out, r#","msg":"#)?;
-        serde_json::to_writer(&mut *out, text.as_ref())?;
+        out.extend_from_slice(br#","msg":"#);
+        string(out, &text);
     }
-    writeln!(out, "}}")
+    out.extend_from_slice(b"}\n");
+    Ok(())
 }
 
+/// `s` as a JSON string. Most strings of a line (names, addresses) need no
+/// escape: they are found so with a table read a byte and copied whole.
+fn string(out: &mut Vec<u8>, s: &str) {
+    if s.bytes().all(|b| !ESCAPED[b as usize]) {
+        out.push(b'"');
+        out.extend_from_slice(s.as_bytes());
+        out.push(b'"');
+    } else {
+        // Writing into a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut *out, s);
+    }
+}
+
+/// The bytes a JSON string escapes: `"`, `\` and the control characters.
+static ESCAPED: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut b = 0;
+    while b < 0x20 {
+        t[b] = true;
+        b += 1;
+    }
+    t[b'"' as usize] = true;
+    t[b'\\' as usize] = true;
+    t
+};
+
 /// Writes each key-value as `,"key":<JSON value>`.
-struct Fields<'a, W: Write> {
-    out: &'a mut W,
+struct Fields<'a> {
+    out: &'a mut Vec<u8>,
     count: usize,
 }
 
-impl<'kvs, W: Write> VisitSource<'kvs> for Fields<'_, W> {
+impl<'kvs> VisitSource<'kvs> for Fields<'_> {
     fn visit_pair(&mut self, key: Key<'kvs>, value: Value<'kvs>) -> Result<(), KvError> {
         self.count += 1;
-        write!(self.out, ",").map_err(KvError::boxed)?;
-        serde_json::to_writer(&mut *self.out, key.as_str()).map_err(KvError::boxed)?;
-        write!(self.out, ":").map_err(KvError::boxed)?;
-        serde_json::to_writer(&mut *self.out, &value).map_err(KvError::boxed)
+        self.out.push(b',');
+        string(self.out, key.as_str());
+        self.out.push(b':');
+        value.visit(Json(self.out))
+    }
+}
+
+/// A value as JSON: the primitives an event carries written directly, any
+/// other value (an address, an error) through its serde form.
+struct Json<'a>(&'a mut Vec<u8>);
+
+impl<'v> VisitValue<'v> for Json<'_> {
+    fn visit_any(&mut self, value: Value) -> Result<(), KvError> {
+        serde_json::to_writer(&mut *self.0, &value).map_err(KvError::boxed)
+    }
+
+    fn visit_null(&mut self) -> Result<(), KvError> {
+        None::<u64>.write_json(self.0);
+        Ok(())
+    }
+
+    fn visit_u64(&mut self, value: u64) -> Result<(), KvError> {
+        value.write_json(self.0);
+        Ok(())
+    }
+
+    fn visit_i64(&mut self, value: i64) -> Result<(), KvError> {
+        value.write_json(self.0);
+        Ok(())
+    }
+
+    fn visit_f64(&mut self, value: f64) -> Result<(), KvError> {
+        value.write_json(self.0);
+        Ok(())
+    }
+
+    fn visit_bool(&mut self, value: bool) -> Result<(), KvError> {
+        value.write_json(self.0);
+        Ok(())
+    }
+
+    fn visit_str(&mut self, value: &str) -> Result<(), KvError> {
+        value.write_json(self.0);
+        Ok(())
     }
 }
 
@@ -68,9 +247,13 @@ mod tests {
 
     const TS: &str = "2026-11-30T18:00:00.123Z";
 
+    fn ts() -> jiff::Timestamp {
+        TS.parse().unwrap()
+    }
+
     fn render(record: &log::Record) -> serde_json::Value {
         let mut out = Vec::new();
-        write_line(&mut out, TS, record).unwrap();
+        write_line(&mut out, ts(), record).unwrap();
         let text = String::from_utf8(out).unwrap();
         assert_eq!(text.matches('\n').count(), 1, "one line: {text}");
         assert!(text.ends_with('\n'));
@@ -102,7 +285,7 @@ mod tests {
             .key_values(&kvs)
             .build();
         let mut out = Vec::new();
-        write_line(&mut out, TS, &record).unwrap();
+        write_line(&mut out, ts(), &record).unwrap();
         assert_eq!(
             String::from_utf8(out).unwrap(),
             format!(
@@ -146,6 +329,92 @@ mod tests {
             .collect();
         assert_eq!(shape, "0000-00-00T00:00:00.000Z", "{ts}");
         assert!(line.ends_with("}\n"));
+    }
+
+    #[test]
+    fn every_kind_of_value_is_written_as_json_and_a_failing_one_drops_the_line() {
+        struct Fails;
+        impl serde::Serialize for Fails {
+            fn serialize<S: serde::Serializer>(&self, _: S) -> Result<S::Ok, S::Error> {
+                Err(serde::ser::Error::custom("no"))
+            }
+        }
+        let addr: std::net::SocketAddr = "127.0.0.1:8000".parse().unwrap();
+        let kvs: &[(&str, Value)] = &[
+            ("ok", Value::from(true)),
+            ("delta", Value::from(-3i64)),
+            ("nan", Value::from(f64::NAN)),
+            ("addr", Value::from_display(&addr)),
+            ("odd \"key\"", Value::from("tab\there")),
+        ];
+        let record = |kvs| {
+            let mut out = Vec::new();
+            let record = log::Record::builder()
+                .target("t")
+                .args(format_args!(""))
+                .key_values(kvs)
+                .build();
+            write_line(&mut out, ts(), &record).map(|()| out)
+        };
+        let line = String::from_utf8(record(&kvs).unwrap()).unwrap();
+        let tail = r#","ok":true,"delta":-3,"nan":null,"addr":"127.0.0.1:8000","odd \"key\"":"tab\there"}"#;
+        assert!(line.ends_with(&format!("{tail}\n")), "{line}");
+        let fails: &[(&str, Value)] =
+            &[("x", Value::from(1u64)), ("bad", Value::from_serde(&Fails))];
+        assert!(record(&fails).is_err());
+    }
+
+    #[test]
+    fn an_event_written_field_by_field_is_the_line_its_record_makes() {
+        let kvs: &[(&str, Value)] = &[
+            ("event", Value::from("prefix_cache")),
+            ("cache_key", None::<&str>.to_value()),
+            ("cached_tokens", Value::from(512u64)),
+            ("hit_rate", Value::from(0.5f64)),
+            ("status", Value::from(200u16)),
+            ("note", Value::from("tab\there \"quoted\"")),
+        ];
+        let record = log::Record::builder()
+            .level(Level::Info)
+            .target("poimen_gateway::cache")
+            .args(format_args!(""))
+            .key_values(&kvs)
+            .build();
+        let mut from_record = Vec::new();
+        write_line(&mut from_record, ts(), &record).unwrap();
+        let mut event = Event::new(Level::Info, "poimen_gateway::cache");
+        event
+            .field("event", "prefix_cache")
+            .field("cache_key", None::<&str>)
+            .field("cached_tokens", 512u64)
+            .field("hit_rate", 0.5)
+            .field("status", 200u16)
+            .field("note", "tab\there \"quoted\"");
+        // All but the time it was written.
+        let after_ts = |line: Vec<u8>| {
+            let line = String::from_utf8(line).unwrap();
+            line.split_once(r#"","level""#).unwrap().1.to_owned()
+        };
+        assert_eq!(after_ts(event.finish()), after_ts(from_record));
+    }
+
+    #[test]
+    fn a_stamp_reads_as_jiffs_own_to_the_millisecond() {
+        // Within a second, across one, and back: the cached second is the
+        // right one every time.
+        for ms in [
+            1_764_525_600_123,
+            1_764_525_600_999,
+            1_764_525_601_000,
+            1_764_525_600_007,
+            0,
+            -1_500,
+        ] {
+            let now = jiff::Timestamp::from_millisecond(ms).unwrap();
+            let mut ts = Vec::new();
+            stamp(&mut ts, now);
+            assert_eq!(String::from_utf8(ts).unwrap(), format!("{now:.3}"), "{ms}");
+        }
     }
 
     #[test]

@@ -14,6 +14,7 @@ use std::time::Duration;
 use log::{Level, Log, Metadata, Record};
 
 use crate::metrics;
+pub use format::{Event, JsonValue};
 use queue::Queue;
 
 /// At exit, how long to wait for the queued lines to be written to a stderr
@@ -21,6 +22,8 @@ use queue::Queue;
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(2);
 
 static LOGGER: OnceLock<JsonLogger> = OnceLock::new();
+/// [`LOGGER`] once it is the `log` crate's logger.
+static INSTALLED: OnceLock<&'static JsonLogger> = OnceLock::new();
 
 /// Installs the logger: `RUST_LOG` filters, `info` by default.
 pub fn init() {
@@ -36,7 +39,29 @@ pub fn init() {
     });
     if log::set_logger(logger).is_ok() {
         log::set_max_level(max_level);
+        let _ = INSTALLED.set(logger);
     }
+}
+
+/// Log an event of `target` at `level` whose fields `fields` writes
+/// straight into its line ([`Event`]), when `RUST_LOG` lets such a record
+/// through; the line is the one `log::info!(target: …, key = value, …; "")`
+/// writes. Not written unless this logger is the one installed.
+pub fn event(level: Level, target: &'static str, fields: impl FnOnce(&mut Event)) {
+    let Some(logger) = INSTALLED.get() else {
+        return;
+    };
+    let record = Record::builder()
+        .level(level)
+        .target(target)
+        .args(format_args!(""))
+        .build();
+    if level > log::max_level() || !logger.filter.matches(&record) {
+        return;
+    }
+    let mut event = Event::new(level, target);
+    fields(&mut event);
+    logger.write(event.finish());
 }
 
 /// Write out what is queued (at exit: Pingora's `Server::run` has returned).
@@ -108,16 +133,25 @@ impl JsonLogger {
     /// Hand `line` to this process's output, making one if this is a new
     /// process: the daemon, forked after `prepare_for_fork`.
     fn write(&self, line: Vec<u8>) {
-        // One getpid(2) per line (~0.1 µs) is the price of noticing the
-        // fork without a hook into it.
-        let pid = std::process::id();
-        {
-            let output = self.output.read().unwrap_or_else(PoisonError::into_inner);
-            if output.pid == pid {
-                output.write(line);
-                return;
-            }
+        thread_local! {
+            /// This thread's process, as it last read it (0: not yet).
+            static PID: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
         }
+        // A thread reads its pid (a getpid(2)) only when it differs from the
+        // output's: a thread started in the daemon, or the one that forked
+        // it (it kept its parent's) once the daemon has an output of its
+        // own. Until then that one writes through the output the fork was
+        // prepared with. (A fork not prepared for, and there is none, would
+        // leave it writing into its parent's queue until another thread
+        // logs.)
+        let Some(line) = self.write_as(PID.get(), line) else {
+            return;
+        };
+        let pid = std::process::id();
+        PID.set(pid);
+        let Some(line) = self.write_as(pid, line) else {
+            return;
+        };
         let mut output = self.output.write().unwrap_or_else(PoisonError::into_inner);
         if output.pid != pid {
             let old = std::mem::replace(&mut *output, Output::start(pid, &self.filter));
@@ -127,6 +161,16 @@ impl JsonLogger {
             std::mem::forget(old);
         }
         output.write(line);
+    }
+
+    /// Hand `line` to the output if it is process `pid`'s; else give it back.
+    fn write_as(&self, pid: u32, line: Vec<u8>) -> Option<Vec<u8>> {
+        let output = self.output.read().unwrap_or_else(PoisonError::into_inner);
+        if output.pid != pid {
+            return Some(line);
+        }
+        output.write(line);
+        None
     }
 }
 
