@@ -14,7 +14,7 @@ use std::cell::RefCell;
 use std::fmt;
 use std::io::Write as _;
 
-use log::kv::{Error as KvError, Key, Value, VisitSource, VisitValue};
+use log::kv::{Error as KvError, Key, Value, VisitSource};
 
 /// `record` as one line, stamped now (UTC, milliseconds, as env_logger's
 /// `timestamp_millis` printed it); `None` when a value fails to format (as
@@ -66,8 +66,7 @@ impl JsonValue for &str {
     }
 }
 
-/// Numbers and booleans as serde_json writes them (a float that is no
-/// number: `null`).
+/// Numbers as serde_json writes them (a float that is no number: `null`).
 macro_rules! json_number {
     ($($t:ty),*) => {$(
         impl JsonValue for $t {
@@ -79,7 +78,7 @@ macro_rules! json_number {
     )*};
 }
 
-json_number!(u16, u64, i64, f64, bool);
+json_number!(u16, u64, f64);
 
 impl<T: JsonValue> JsonValue for Option<T> {
     fn write_json(&self, out: &mut Vec<u8>) {
@@ -195,47 +194,7 @@ impl<'kvs> VisitSource<'kvs> for Fields<'_> {
         self.out.push(b',');
         string(self.out, key.as_str());
         self.out.push(b':');
-        value.visit(Json(self.out))
-    }
-}
-
-/// A value as JSON: the primitives an event carries written directly, any
-/// other value (an address, an error) through its serde form.
-struct Json<'a>(&'a mut Vec<u8>);
-
-impl<'v> VisitValue<'v> for Json<'_> {
-    fn visit_any(&mut self, value: Value) -> Result<(), KvError> {
-        serde_json::to_writer(&mut *self.0, &value).map_err(KvError::boxed)
-    }
-
-    fn visit_null(&mut self) -> Result<(), KvError> {
-        None::<u64>.write_json(self.0);
-        Ok(())
-    }
-
-    fn visit_u64(&mut self, value: u64) -> Result<(), KvError> {
-        value.write_json(self.0);
-        Ok(())
-    }
-
-    fn visit_i64(&mut self, value: i64) -> Result<(), KvError> {
-        value.write_json(self.0);
-        Ok(())
-    }
-
-    fn visit_f64(&mut self, value: f64) -> Result<(), KvError> {
-        value.write_json(self.0);
-        Ok(())
-    }
-
-    fn visit_bool(&mut self, value: bool) -> Result<(), KvError> {
-        value.write_json(self.0);
-        Ok(())
-    }
-
-    fn visit_str(&mut self, value: &str) -> Result<(), KvError> {
-        value.write_json(self.0);
-        Ok(())
+        serde_json::to_writer(&mut *self.out, &value).map_err(KvError::boxed)
     }
 }
 
@@ -249,6 +208,19 @@ mod tests {
 
     fn ts() -> jiff::Timestamp {
         TS.parse().unwrap()
+    }
+
+    /// The line of an event of `poimen_gateway::cache` with `kvs`, at `TS`.
+    fn event_line(kvs: &[(&str, Value)]) -> Result<String, KvError> {
+        let record = log::Record::builder()
+            .level(Level::Info)
+            .target("poimen_gateway::cache")
+            .args(format_args!(""))
+            .key_values(&kvs)
+            .build();
+        let mut out = Vec::new();
+        write_line(&mut out, ts(), &record)?;
+        Ok(String::from_utf8(out).unwrap())
     }
 
     fn render(record: &log::Record) -> serde_json::Value {
@@ -278,16 +250,8 @@ mod tests {
             ("cache_key", None::<&str>.to_value()),
             ("hit_rate", Value::from(0.5f64)),
         ];
-        let record = log::Record::builder()
-            .level(Level::Info)
-            .target("poimen_gateway::cache")
-            .args(format_args!(""))
-            .key_values(&kvs)
-            .build();
-        let mut out = Vec::new();
-        write_line(&mut out, ts(), &record).unwrap();
         assert_eq!(
-            String::from_utf8(out).unwrap(),
+            event_line(kvs).unwrap(),
             format!(
                 r#"{{"ts":"{TS}","level":"INFO","target":"poimen_gateway::cache","event":"prefix_cache","cached_tokens":512,"cache_key":null,"hit_rate":0.5}}"#
             ) + "\n"
@@ -347,21 +311,12 @@ mod tests {
             ("addr", Value::from_display(&addr)),
             ("odd \"key\"", Value::from("tab\there")),
         ];
-        let record = |kvs| {
-            let mut out = Vec::new();
-            let record = log::Record::builder()
-                .target("t")
-                .args(format_args!(""))
-                .key_values(kvs)
-                .build();
-            write_line(&mut out, ts(), &record).map(|()| out)
-        };
-        let line = String::from_utf8(record(&kvs).unwrap()).unwrap();
+        let line = event_line(kvs).unwrap();
         let tail = r#","ok":true,"delta":-3,"nan":null,"addr":"127.0.0.1:8000","odd \"key\"":"tab\there"}"#;
         assert!(line.ends_with(&format!("{tail}\n")), "{line}");
         let fails: &[(&str, Value)] =
             &[("x", Value::from(1u64)), ("bad", Value::from_serde(&Fails))];
-        assert!(record(&fails).is_err());
+        assert!(event_line(fails).is_err());
     }
 
     #[test]
@@ -374,14 +329,7 @@ mod tests {
             ("status", Value::from(200u16)),
             ("note", Value::from("tab\there \"quoted\"")),
         ];
-        let record = log::Record::builder()
-            .level(Level::Info)
-            .target("poimen_gateway::cache")
-            .args(format_args!(""))
-            .key_values(&kvs)
-            .build();
-        let mut from_record = Vec::new();
-        write_line(&mut from_record, ts(), &record).unwrap();
+        let from_record = event_line(kvs).unwrap();
         let mut event = Event::new(Level::Info, "poimen_gateway::cache");
         event
             .field("event", "prefix_cache")
@@ -391,11 +339,9 @@ mod tests {
             .field("status", 200u16)
             .field("note", "tab\there \"quoted\"");
         // All but the time it was written.
-        let after_ts = |line: Vec<u8>| {
-            let line = String::from_utf8(line).unwrap();
-            line.split_once(r#"","level""#).unwrap().1.to_owned()
-        };
-        assert_eq!(after_ts(event.finish()), after_ts(from_record));
+        let event = String::from_utf8(event.finish()).unwrap();
+        let after_ts = |line: &str| line.split_once(r#"","level""#).unwrap().1.to_owned();
+        assert_eq!(after_ts(&event), after_ts(&from_record));
     }
 
     #[test]
