@@ -98,16 +98,16 @@ fn stamp(out: &mut Vec<u8>, now: jiff::Timestamp) {
         static SECOND: RefCell<(i64, String)> = const { RefCell::new((i64::MIN, String::new())) };
     }
     let (second, milli) = (now.as_second(), now.subsec_millisecond());
-    let whole = jiff::Timestamp::from_second(second);
-    let (Ok(whole), 0..) = (whole, milli) else {
+    if milli < 0 {
         // Before 1970 (a negative fraction): not worth the cache.
         let _ = write!(out, "{now:.3}");
         return;
-    };
+    }
     SECOND.with_borrow_mut(|(cached, text)| {
         if *cached != second {
             text.clear();
-            let _ = fmt::Write::write_fmt(text, format_args!("{whole:.0}"));
+            // Precision 0 cuts the fraction off.
+            let _ = fmt::Write::write_fmt(text, format_args!("{now:.0}"));
             text.pop();
             *cached = second;
         }
@@ -346,13 +346,15 @@ mod tests {
 
     #[test]
     fn a_stamp_reads_as_jiffs_own_to_the_millisecond() {
-        // Within a second, across one, and back: the cached second is the
-        // right one every time.
+        // Within a second, across one, and back, and a second first seen
+        // at its last millisecond: the cached second is the right one every
+        // time.
         for ms in [
             1_764_525_600_123,
             1_764_525_600_999,
             1_764_525_601_000,
             1_764_525_600_007,
+            1_764_525_602_999,
             0,
             -1_500,
         ] {
