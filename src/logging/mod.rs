@@ -133,25 +133,17 @@ impl JsonLogger {
     /// Hand `line` to this process's output, making one if this is a new
     /// process: the daemon, forked after `prepare_for_fork`.
     fn write(&self, line: Vec<u8>) {
-        thread_local! {
-            /// This thread's process, as it last read it (0: not yet).
-            static PID: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
-        }
-        // A thread reads its pid (a getpid(2)) only when it differs from the
-        // output's: a thread started in the daemon, or the one that forked
-        // it (it kept its parent's) once the daemon has an output of its
-        // own. Until then that one writes through the output the fork was
-        // prepared with. (A fork not prepared for, and there is none, would
-        // leave it writing into its parent's queue until another thread
-        // logs.)
-        let Some(line) = self.write_as(PID.get(), line) else {
-            return;
-        };
+        // One getpid(2) per line (~0.1 µs) is the price of noticing the
+        // fork without a hook into it. (A pid kept per thread was tried: a
+        // daemon's lines from its main thread after the fork were lost.)
         let pid = std::process::id();
-        PID.set(pid);
-        let Some(line) = self.write_as(pid, line) else {
-            return;
-        };
+        {
+            let output = self.output.read().unwrap_or_else(PoisonError::into_inner);
+            if output.pid == pid {
+                output.write(line);
+                return;
+            }
+        }
         let mut output = self.output.write().unwrap_or_else(PoisonError::into_inner);
         if output.pid != pid {
             let old = std::mem::replace(&mut *output, Output::start(pid, &self.filter));
@@ -161,16 +153,6 @@ impl JsonLogger {
             std::mem::forget(old);
         }
         output.write(line);
-    }
-
-    /// Hand `line` to the output if it is process `pid`'s; else give it back.
-    fn write_as(&self, pid: u32, line: Vec<u8>) -> Option<Vec<u8>> {
-        let output = self.output.read().unwrap_or_else(PoisonError::into_inner);
-        if output.pid != pid {
-            return Some(line);
-        }
-        output.write(line);
-        None
     }
 }
 
