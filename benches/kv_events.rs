@@ -231,8 +231,10 @@ fn render(c: &mut Criterion) {
     let renderer = Renderer::load(&dir).unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
     let tokens = |body: &[u8]| {
-        let ids = renderer.tokens(Api::ChatCompletions, body).unwrap();
-        chain::of_tokens(&ids, BLOCK)
+        renderer
+            .chain(Api::ChatCompletions, body, BLOCK)
+            .unwrap()
+            .links
     };
     let mut g = c.benchmark_group("chain");
     g.sample_size(30);

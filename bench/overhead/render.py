@@ -103,6 +103,7 @@ DEFAULT_CASES = CASES
 DEFAULT_MODES = ("off", "on", "on-no-events", "on-no-nfc")
 SYSTEM_BYTES = 400
 SETTLE = 0.5  # seconds after a phase's last answer before the CPU is read
+LATE_SECS = 3.0  # the tail after a phase's first seconds too: the maps' first growth is not its cause
 
 
 # --------------------------------------------------------------------------
@@ -528,8 +529,10 @@ async def paced_clients(port: int, iters: list, interval: float, secs: float) ->
     `interval` seconds (or at once when an answer came later than that)."""
     import aiohttp
     lat: list[float] = []
+    sent: list[float] = []  # seconds into the phase
     statuses: dict[int, int] = {}
-    end = time.monotonic() + secs
+    start = time.monotonic()
+    end = start + secs
     timeout = aiohttp.ClientTimeout(total=120)
 
     async def client(k: int, it):
@@ -548,10 +551,12 @@ async def paced_clients(port: int, iters: list, interval: float, secs: float) ->
                     await r.read()
                     statuses[r.status] = statuses.get(r.status, 0) + 1
                 lat.append(time.perf_counter() - t)
+                sent.append(now - start)
                 nxt = max(nxt + interval, time.monotonic() - interval)
 
     await asyncio.gather(*(client(k, it) for k, it in enumerate(iters)))
-    return {"lat": lat, "statuses": statuses}
+    return {"lat": lat, "sent": sent, "statuses": statuses}
+
 
 
 def run_big(port: int, wd: Path, secs: float, a, seed: int) -> dict:
@@ -578,7 +583,11 @@ async def hol_phase(port: int, mport: int, meter: Meter, iters: list, a, wd: Pat
     r1, c1 = meter.read(), counters(mport)
     d = Meter.diff(r1, r0)
     lat = res["lat"]
+    late = [x for x, t in zip(lat, res["sent"]) if t >= LATE_SECS] or lat
+    # The slowest answers: (ms, seconds into the phase when sent).
+    worst = sorted(((round(x * 1e3, 1), round(t, 1)) for x, t in zip(lat, res["sent"])), reverse=True)[:8]
     return {"n": len(lat), "statuses": res["statuses"], "p50_ms": C.pct(lat, 50) * 1e3,
+            "p99_late_ms": C.pct(late, 99) * 1e3, "worst": worst,
             "p90_ms": C.pct(lat, 90) * 1e3, "p99_ms": C.pct(lat, 99) * 1e3, "max_ms": max(lat) * 1e3,
             "big": b, "gw_cores": d["gw"] / 1e6 / d["secs"], "foreign_cores": d["foreign_cores"],
             "counters": delta(c1, c0)}
@@ -648,7 +657,8 @@ async def run_mode(mode: str, rnd: int, a, procs: C.Procs, bins: Path, wd: Path,
             out["hol"] = {"alone": alone, "beside": beside, "sessions": n,
                           "body_bytes": C.median([len(s.body()) for s in sessions])}
             print(f"  {mode:13s} hol alone   p50 {alone['p50_ms']:.2f} p99 {alone['p99_ms']:.2f} ms; "
-                  f"beside p50 {beside['p50_ms']:.2f} p99 {beside['p99_ms']:.2f} ms, big "
+                  f"beside p50 {beside['p50_ms']:.2f} p99 {beside['p99_ms']:.2f} ms (from {LATE_SECS:g} s: "
+                  f"{beside['p99_late_ms']:.2f}; slowest ms@s {beside['worst']}), big "
                   f"{beside['big']['rps']:.1f} req/s  {beside['counters']}", flush=True)
         out["rss_kib"] = C.rss_kib(gw.pid)
         out["threads"] = threads_named(gw.pid)

@@ -19,6 +19,11 @@ pub struct RenderFile {
     /// A body larger is estimated, not tokenized. Default 1048576.
     #[serde(default = "default_max_prompt_bytes")]
     max_prompt_bytes: u64,
+    /// A body at most this large, its tool list aside, is rendered on the
+    /// proxy's thread (its new text too, up to 4 KiB); 0: never. Default
+    /// 32768.
+    #[serde(default = "default_inline_bytes")]
+    inline_bytes: u64,
 }
 
 impl Default for RenderFile {
@@ -27,6 +32,7 @@ impl Default for RenderFile {
             threads: 0,
             queue: default_queue(),
             max_prompt_bytes: default_max_prompt_bytes(),
+            inline_bytes: default_inline_bytes(),
         }
     }
 }
@@ -39,17 +45,23 @@ fn default_max_prompt_bytes() -> u64 {
     1 << 20
 }
 
+fn default_inline_bytes() -> u64 {
+    32 << 10
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RenderConfig {
     pub threads: usize,
     pub queue: usize,
     pub max_prompt_bytes: usize,
+    pub inline_bytes: usize,
 }
 
 pub const THREADS: Bound<u64> = Bound::new(&["gateway.render.threads"], 0, 256);
 pub const QUEUE: Bound<u64> = Bound::new(&["gateway.render.queue"], 0, 1 << 20);
 pub const MAX_PROMPT_BYTES: Bound<u64> =
     Bound::new(&["gateway.render.max_prompt_bytes"], 1, 1 << 30);
+pub const INLINE_BYTES: Bound<u64> = Bound::new(&["gateway.render.inline_bytes"], 0, 1 << 30);
 
 pub fn validate(r: RenderFile) -> Result<RenderConfig, Invalid> {
     let threads = match THREADS.check("gateway.render.threads", r.threads)? {
@@ -65,5 +77,6 @@ pub fn validate(r: RenderFile) -> Result<RenderConfig, Invalid> {
         max_prompt_bytes: MAX_PROMPT_BYTES
             .check("gateway.render.max_prompt_bytes", r.max_prompt_bytes)?
             as usize,
+        inline_bytes: INLINE_BYTES.check("gateway.render.inline_bytes", r.inline_bytes)? as usize,
     })
 }

@@ -88,6 +88,7 @@ impl Gateway {
             if exact { r.threads } else { 0 },
             r.queue,
             r.max_prompt_bytes,
+            r.inline_bytes,
         );
         let gateway = Gateway {
             renders,

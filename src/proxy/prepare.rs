@@ -105,9 +105,9 @@ impl Gateway {
         let rendered = match policy.renders() {
             Some(renderer) => {
                 let block = policy.block_tokens() as usize;
-                let chain = self
-                    .renders
-                    .chain(renderer.clone(), api, raw.clone(), block);
+                let tool_bytes = facts.prompt.tools.map_or(0, |t| t.get().len());
+                let chain =
+                    (self.renders).chain(renderer.clone(), api, raw.clone(), tool_bytes, block);
                 Some(chain.await)
             }
             None => None,

@@ -161,6 +161,29 @@ enum TokenField {
     Added { content: String },
 }
 
+/// A request's prompt rendered, not yet all tokenized ([`Renderer::prepare`]).
+pub struct Prepared(Stage);
+
+enum Stage {
+    /// Given as token ids.
+    Ids(Vec<u32>),
+    /// Text tokenized whole, with the special tokens added if true.
+    Whole(String, bool),
+    /// Text cut at its added tokens, some pieces' ids known.
+    Split(pieces::Split),
+}
+
+impl Prepared {
+    /// Bytes of text still to tokenize.
+    pub fn new_bytes(&self) -> usize {
+        match &self.0 {
+            Stage::Ids(_) => 0,
+            Stage::Whole(text, _) => text.len(),
+            Stage::Split(split) => split.new_bytes(),
+        }
+    }
+}
+
 impl Renderer {
     /// Load the files of model directory `dir`.
     pub fn load(dir: &Path) -> Result<Renderer, String> {
@@ -265,15 +288,19 @@ impl Renderer {
     /// The prompt of a request of `api` with `body` as the chain of its
     /// token ids, `block` of them a link.
     pub fn chain(&self, api: Api, body: &[u8], block: usize) -> Result<Rendered, Unrendered> {
-        let ids = self.tokens(api, body)?;
-        Ok(Rendered {
-            links: crate::routing::chain::of_tokens(&ids, block),
-            tokens: ids.len() as u64,
-        })
+        self.finish(self.prepare(api, body)?, block)
     }
 
     /// The token ids of the prompt of a request of `api` with `body`.
+    #[cfg(test)]
     pub fn tokens(&self, api: Api, body: &[u8]) -> Result<Vec<u32>, Unrendered> {
+        self.ids(self.prepare(api, body)?)
+    }
+
+    /// The prompt of a request of `api` with `body`, rendered and cut at
+    /// its added tokens, the pieces already tokenized looked up: all but
+    /// tokenizing its new text ([`Prepared::new_bytes`]).
+    pub fn prepare(&self, api: Api, body: &[u8]) -> Result<Prepared, Unrendered> {
         let conversation = match api {
             Api::ChatCompletions => chat::conversation(body, &self.lists)?,
             Api::Messages => messages::conversation(body, &self.probed, &self.lists)?,
@@ -282,28 +309,51 @@ impl Renderer {
             _ => return Err(Unrendered::Api),
         };
         let text = self.render(conversation)?;
-        self.encode(&text, false)
+        Ok(self.cut(text, false))
     }
 
-    fn completion(&self, body: &[u8]) -> Result<Vec<u32>, Unrendered> {
+    /// `prepared`'s chain, its new text tokenized.
+    pub fn finish(&self, prepared: Prepared, block: usize) -> Result<Rendered, Unrendered> {
+        let ids = self.ids(prepared)?;
+        Ok(Rendered {
+            links: crate::routing::chain::of_tokens(&ids, block),
+            tokens: ids.len() as u64,
+        })
+    }
+
+    fn completion(&self, body: &[u8]) -> Result<Prepared, Unrendered> {
         let body: CompletionBody = serde_json::from_slice(body).map_err(|_| Unrendered::Failed)?;
         if body.cache_salt.is_some() {
             return Err(Unrendered::Salted);
         }
         match body.prompt {
-            PromptField::Text(text) => self.encode(&text, true),
-            PromptField::Ids(ids) => Ok(ids),
+            PromptField::Text(text) => Ok(self.cut(text, true)),
+            PromptField::Ids(ids) => Ok(Prepared(Stage::Ids(ids))),
             PromptField::Other(_) => Err(Unrendered::Failed),
         }
     }
 
-    fn encode(&self, text: &str, special: bool) -> Result<Vec<u32>, Unrendered> {
-        if let Some(pieces) = self.pieces.as_ref().filter(|_| !special) {
-            if let Some(ids) = pieces.encode(&self.encoder, text) {
-                return Ok(ids);
+    /// `text` in pieces where its pieces are kept apart; with the special
+    /// tokens added (a BOS) if `special`, whole.
+    fn cut(&self, text: String, special: bool) -> Prepared {
+        let split = (self.pieces.as_ref())
+            .filter(|_| !special)
+            .and_then(|pieces| pieces.split(&self.encoder, &text));
+        Prepared(match split {
+            Some(split) => Stage::Split(split),
+            None => Stage::Whole(text, special),
+        })
+    }
+
+    fn ids(&self, prepared: Prepared) -> Result<Vec<u32>, Unrendered> {
+        let ids = match prepared.0 {
+            Stage::Ids(ids) => Some(ids),
+            Stage::Whole(text, special) => self.encoder.encode(&text, special),
+            Stage::Split(split) => {
+                (self.pieces.as_ref()).and_then(|p| p.finish(&self.encoder, split))
             }
-        }
-        self.encoder.encode(text, special).ok_or(Unrendered::Failed)
+        };
+        ids.ok_or(Unrendered::Failed)
     }
 
     /// The prompt text of `conversation`, as vLLM's chat parameters

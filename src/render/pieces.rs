@@ -66,35 +66,81 @@ impl Pieces {
         }
     }
 
-    /// The ids of `text`, its pieces' from the store where they are; `None`
-    /// if it is one piece (nothing to keep apart) or does not encode.
-    pub fn encode(&self, encoder: &Encoder, text: &str) -> Option<Vec<u32>> {
+    /// `text` cut at its added tokens, with the ids of the pieces the store
+    /// holds; `None` if it is one piece (nothing to keep apart).
+    pub fn split(&self, encoder: &Encoder, text: &str) -> Option<Split> {
         let pieces = encoder.split(text);
         if pieces.len() < 2 {
             return None;
         }
-        let mut ids = Vec::new();
+        let mut split = Split {
+            parts: Vec::with_capacity(pieces.len()),
+            new_bytes: 0,
+        };
+        let mut store = self.inner.lock().unwrap();
         for piece in pieces {
-            let piece = match piece {
-                Piece::Added(tokens) => {
-                    ids.extend(tokens);
-                    continue;
+            split.parts.push(match piece {
+                Piece::Added(tokens) => Part::Added(tokens),
+                Piece::Text(text) => {
+                    let key = xxh3_64(text.as_bytes());
+                    match store.get(key) {
+                        Some(ids) => Part::Kept(ids),
+                        None => {
+                            split.new_bytes += text.len();
+                            Part::New(key, text.into_owned())
+                        }
+                    }
                 }
-                Piece::Text(text) => text,
-            };
-            let key = xxh3_64(piece.as_bytes());
-            let kept = self.inner.lock().unwrap().get(key);
-            let piece_ids = match kept {
-                Some(k) => k,
-                None => {
-                    let new: Arc<[u32]> = encoder.encode_piece(&piece)?.into();
-                    self.inner.lock().unwrap().put(key, new.clone());
-                    new
+            });
+        }
+        Some(split)
+    }
+
+    /// The ids of `split`, its new pieces tokenized and kept; `None` if one
+    /// does not encode.
+    pub fn finish(&self, encoder: &Encoder, split: Split) -> Option<Vec<u32>> {
+        let mut ids = Vec::new();
+        for part in split.parts {
+            match part {
+                Part::Added(tokens) => ids.extend(tokens),
+                Part::Kept(kept) => ids.extend_from_slice(&kept),
+                Part::New(key, text) => {
+                    // Kept since the split (an earlier piece of the same
+                    // text, another thread's prompt).
+                    let kept = self.inner.lock().unwrap().get(key);
+                    let new = match kept {
+                        Some(k) => k,
+                        None => {
+                            let new: Arc<[u32]> = encoder.encode_piece(&text)?.into();
+                            self.inner.lock().unwrap().put(key, new.clone());
+                            new
+                        }
+                    };
+                    ids.extend_from_slice(&new);
                 }
-            };
-            ids.extend_from_slice(&piece_ids);
+            }
         }
         Some(ids)
+    }
+}
+
+/// A prompt's text cut at its added tokens: what the store had, and the
+/// new text still to tokenize, owned, so that another thread can.
+pub(super) struct Split {
+    parts: Vec<Part>,
+    new_bytes: usize,
+}
+
+enum Part {
+    Added(Vec<u32>),
+    Kept(Arc<[u32]>),
+    New(u64, String),
+}
+
+impl Split {
+    /// Bytes of text not in the store: what tokenizing it costs.
+    pub fn new_bytes(&self) -> usize {
+        self.new_bytes
     }
 }
 

@@ -276,8 +276,13 @@ fn a_prompt_tokenized_by_its_pieces_is_tokenized_as_a_whole() {
                 .get_ids()
                 .to_vec();
             assert_eq!(encoder.encode(text, false), Some(whole.clone()));
-            match pieces.encode(&encoder, text) {
-                Some(ids) => assert_eq!(ids, whole, "{text:?}"),
+            match pieces.split(&encoder, text) {
+                Some(split) => {
+                    let ids = pieces.finish(&encoder, split);
+                    assert_eq!(ids, Some(whole), "{text:?}");
+                    // Every piece is kept now: nothing is new the next time.
+                    assert_eq!(pieces.split(&encoder, text).unwrap().new_bytes(), 0);
+                }
                 None => assert!(!text.contains("<|"), "{text:?}"),
             }
         }
@@ -298,7 +303,7 @@ fn pieces_are_kept_only_where_the_tokenizer_splits_them_apart() {
     assert!(pieces::splits_apart(&t));
     // The byte model has no special tokens between messages: nothing kept.
     assert!(pieces::Pieces::new()
-        .encode(&byte_model().encoder, "user\nhi\n")
+        .split(&byte_model().encoder, "user\nhi\n")
         .is_none());
 }
 
@@ -362,8 +367,8 @@ proptest::proptest! {
         for encoder in encoder::both(&t) {
             proptest::prop_assert_eq!(encoder.encode(&text, false), Some(whole.clone()));
             let pieces = pieces::Pieces::new();
-            if let Some(ids) = pieces.encode(&encoder, &text) {
-                proptest::prop_assert_eq!(ids, whole.clone());
+            if let Some(split) = pieces.split(&encoder, &text) {
+                proptest::prop_assert_eq!(pieces.finish(&encoder, split), Some(whole.clone()));
             }
         }
     }

@@ -6,6 +6,15 @@
 //! is larger than a set size, the request is routed by the estimate of its
 //! text at once ([`Unrendered::Busy`], [`Unrendered::TooLong`]): nothing
 //! waits without bound.
+//!
+//! A conversation's next turn is mostly text tokenized before: rendering it
+//! and looking its pieces up is cheap (tens of microseconds for a small
+//! one) next to waiting for a render thread busy with someone's new long
+//! prompt, and to the two thread wake-ups of the hand-off. So a body whose
+//! messages are small (`render.inline_bytes`, its tool list aside: kept
+//! rendered, `tools.rs`) is rendered on the proxy's thread, and its new
+//! text tokenized there too when it is short ([`INLINE_NEW_BYTES`]); more
+//! new text goes to the render threads.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
@@ -19,9 +28,14 @@ use crate::api::Api;
 
 type Job = Box<dyn FnOnce() + Send>;
 
+/// New text tokenized on the proxy's thread at most: about 60 us of
+/// Qwen3's tokenizer (bench/results/tokenizer.md).
+pub const INLINE_NEW_BYTES: usize = 4096;
+
 pub struct Workers {
     jobs: SyncSender<Job>,
     max_bytes: usize,
+    inline_bytes: usize,
 }
 
 /// Every thread and queue place is taken.
@@ -30,8 +44,10 @@ pub struct Busy;
 
 impl Workers {
     /// `threads` threads, at most `queue` jobs waiting for them, bodies of
-    /// at most `max_bytes` rendered. Without threads, every job is refused.
-    pub fn start(threads: usize, queue: usize, max_bytes: usize) -> Workers {
+    /// at most `max_bytes` rendered, those of at most `inline_bytes` (their
+    /// tool list aside) on the caller's thread. Without threads, every job
+    /// is refused.
+    pub fn start(threads: usize, queue: usize, max_bytes: usize, inline_bytes: usize) -> Workers {
         let queue = if threads == 0 { 0 } else { queue };
         let (jobs, waiting) = sync_channel::<Job>(queue);
         let waiting = Arc::new(Mutex::new(waiting));
@@ -42,27 +58,41 @@ impl Workers {
                 .spawn(move || work(&waiting))
                 .expect("a render thread starts");
         }
-        Workers { jobs, max_bytes }
+        Workers {
+            jobs,
+            max_bytes,
+            inline_bytes,
+        }
     }
 
-    /// The prompt of a request of `api` with `body` as the chain of its
-    /// token ids, `block` of them a link: linked here too, a thousand
-    /// links for a new 64 KB prompt that the proxy's thread need not make.
+    /// The prompt of a request of `api` with `body` (`tool_bytes` of it its
+    /// tool list) as the chain of its token ids, `block` of them a link:
+    /// linked here too, a thousand links for a new 64 KB prompt that the
+    /// proxy's thread need not make.
     pub async fn chain(
         &self,
         renderer: Arc<Renderer>,
         api: Api,
         body: Bytes,
+        tool_bytes: usize,
         block: usize,
     ) -> Result<Rendered, Unrendered> {
         if body.len() > self.max_bytes {
             return Err(Unrendered::TooLong);
         }
-        let done = self
-            .run(move || renderer.chain(api, &body, block))
-            .map_err(|Busy| Unrendered::Busy)?;
+        let done = if body.len().saturating_sub(tool_bytes) <= self.inline_bytes {
+            let prepared = guarded(|| renderer.prepare(api, &body))?;
+            if prepared.new_bytes() <= INLINE_NEW_BYTES {
+                return guarded(|| renderer.finish(prepared, block));
+            }
+            self.run(move || renderer.finish(prepared, block))
+        } else {
+            self.run(move || renderer.chain(api, &body, block))
+        };
         // A render that panicked drops its sender.
-        done.await.unwrap_or(Err(Unrendered::Failed))
+        done.map_err(|Busy| Unrendered::Busy)?
+            .await
+            .unwrap_or(Err(Unrendered::Failed))
     }
 
     /// Run `f` on a thread of the pool, if one is free or a queue place is.
@@ -79,6 +109,11 @@ impl Workers {
         self.jobs.try_send(job).map_err(|_| Busy)?;
         Ok(result)
     }
+}
+
+/// `f`'s result; a panic (a template's bug) fails this render only.
+fn guarded<T>(f: impl FnOnce() -> Result<T, Unrendered>) -> Result<T, Unrendered> {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or(Err(Unrendered::Failed))
 }
 
 /// Take jobs until the pool is dropped. One thread at a time waits on the
@@ -100,7 +135,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_full_pool_refuses_at_once_and_takes_work_again_when_free() {
-        let pool = Workers::start(1, 1, 1 << 20);
+        let pool = Workers::start(1, 1, 1 << 20, 0);
         let (started, release) = (Arc::new(Barrier::new(2)), Arc::new(Barrier::new(2)));
         let (s, r) = (started.clone(), release.clone());
         let running = pool
@@ -122,7 +157,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_panic_fails_its_own_job_only() {
-        let pool = Workers::start(1, 1, 1 << 20);
+        let pool = Workers::start(1, 1, 1 << 20, 0);
         let panicked = pool.run(|| -> u32 { panic!("a template bug") });
         assert!(panicked.unwrap().await.is_err());
         let mut next = pool.run(|| 5);
@@ -136,10 +171,74 @@ mod tests {
 
     #[tokio::test]
     async fn a_body_over_the_limit_is_not_rendered() {
-        let pool = Workers::start(1, 1, 8);
+        let pool = Workers::start(1, 1, 8, 0);
         let renderer = Arc::new(super::super::tests::byte_model());
         let body = Bytes::from_static(br#"{"messages":[{"role":"user","content":"hi"}]}"#);
-        let chain = pool.chain(renderer, Api::ChatCompletions, body, 16).await;
+        let chain = pool
+            .chain(renderer, Api::ChatCompletions, body, 0, 16)
+            .await;
         assert_eq!(chain, Err(Unrendered::TooLong));
+    }
+
+    /// A pool whose one thread is held until the barrier is passed twice,
+    /// with no queue place: any job sent to it now is refused.
+    fn saturated(inline_bytes: usize) -> (Workers, Arc<Barrier>) {
+        let pool = Workers::start(1, 0, 1 << 20, inline_bytes);
+        let (started, release) = (Arc::new(Barrier::new(2)), Arc::new(Barrier::new(2)));
+        let (s, r) = (started.clone(), release.clone());
+        let held = pool.jobs.clone();
+        held.send(Box::new(move || {
+            s.wait();
+            r.wait();
+        }))
+        .unwrap();
+        started.wait();
+        (pool, release)
+    }
+
+    fn chat(content: &str) -> Bytes {
+        let content = serde_json::to_string(content).unwrap();
+        Bytes::from(format!(
+            r#"{{"messages":[{{"role":"user","content":{content}}}]}}"#
+        ))
+    }
+
+    #[tokio::test]
+    async fn a_small_prompt_is_rendered_on_the_callers_thread_whatever_the_pool_does() {
+        let renderer = Arc::new(super::super::tests::byte_model());
+        let (pool, release) = saturated(1 << 10);
+        let body = chat("hi there");
+        let want = renderer.chain(Api::ChatCompletions, &body, 16);
+        assert!(want.is_ok());
+        let got = pool.chain(renderer.clone(), Api::ChatCompletions, body.clone(), 0, 16);
+        assert_eq!(got.await, want);
+        // Its tool list aside: a body of 2 KiB with 1.5 KiB of tools.
+        let got = pool.chain(
+            renderer.clone(),
+            Api::ChatCompletions,
+            body.clone(),
+            1536,
+            16,
+        );
+        assert_eq!(got.await, want);
+        release.wait();
+        // Inline rendering off: the pool's.
+        let (pool, release) = saturated(0);
+        let got = pool.chain(renderer, Api::ChatCompletions, body, 0, 16);
+        assert_eq!(got.await, Err(Unrendered::Busy));
+        release.wait();
+    }
+
+    #[tokio::test]
+    async fn a_small_body_with_much_new_text_is_tokenized_by_the_pool() {
+        let renderer = Arc::new(super::super::tests::byte_model());
+        let body = chat(&"new text ".repeat(INLINE_NEW_BYTES / 8));
+        let (pool, release) = saturated(1 << 20);
+        let got = pool.chain(renderer.clone(), Api::ChatCompletions, body.clone(), 0, 16);
+        assert_eq!(got.await, Err(Unrendered::Busy));
+        release.wait();
+        let pool = Workers::start(1, 1, 1 << 20, 1 << 20);
+        let got = pool.chain(renderer.clone(), Api::ChatCompletions, body.clone(), 0, 16);
+        assert_eq!(got.await, renderer.chain(Api::ChatCompletions, &body, 16));
     }
 }

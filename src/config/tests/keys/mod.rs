@@ -111,6 +111,7 @@ fn ranges() -> BTreeMap<&'static str, String> {
         render::THREADS,
         render::QUEUE,
         render::MAX_PROMPT_BYTES,
+        render::INLINE_BYTES,
         health_check::INTERVAL_MS,
         health_check::TIMEOUT_MS,
         health_check::CONSECUTIVE_OK,
