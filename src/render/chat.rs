@@ -206,10 +206,13 @@ fn without_billing_header(parts: Vec<String>) -> Vec<String> {
         .collect()
 }
 
+/// The tool list borrowed: tens of KB of an agent's request, looked up
+/// by its text in the lists kept (`tools.rs`), not copied.
 #[derive(Deserialize)]
-struct ChatBody {
+struct ChatBody<'a> {
     messages: Vec<Message>,
-    tools: Option<Box<serde_json::value::RawValue>>,
+    #[serde(borrow)]
+    tools: Option<&'a serde_json::value::RawValue>,
     add_generation_prompt: Option<bool>,
     continue_final_message: Option<bool>,
     reasoning_effort: Option<String>,
@@ -239,8 +242,8 @@ pub(super) fn conversation(body: &[u8], lists: &tools::Lists) -> Result<Conversa
     }
     let tools = match body.tools {
         // vLLM refuses an empty list.
-        Some(raw) if tools::is_empty_list(&raw) => return Err(Unrendered::Failed),
-        Some(raw) => Some(lists.get(tools::Form::Chat, &raw, |list| {
+        Some(raw) if tools::is_empty_list(raw) => return Err(Unrendered::Failed),
+        Some(raw) => Some(lists.get(tools::Form::Chat, raw, |list| {
             list.iter().map(tools::chat_tool).collect()
         })?),
         None => None,

@@ -32,11 +32,14 @@ use serde_json::Map;
 use super::chat::{Content, Conversation, Message, Part, BILLING_HEADER};
 use super::{tools, Unrendered};
 
+/// The tool list borrowed: tens of KB of an agent's request, looked up
+/// by its text in the lists kept (`tools.rs`), not copied.
 #[derive(Deserialize)]
-struct Body {
+struct Body<'a> {
     system: Option<Blocks>,
     messages: Vec<Turn>,
-    tools: Option<Box<serde_json::value::RawValue>>,
+    #[serde(borrow)]
+    tools: Option<&'a serde_json::value::RawValue>,
     thinking: Option<Thinking>,
     output_config: Option<OutputConfig>,
     chat_template_kwargs: Option<Map<String, serde_json::Value>>,
@@ -122,10 +125,10 @@ pub(super) fn conversation(
     let tools = match body.tools {
         // Tools added or removed by the messages: this request's own list.
         Some(raw) if changes(&body.messages).next().is_some() => {
-            let list = with_changes(tools::parse(&raw)?, &body.messages)?;
+            let list = with_changes(tools::parse(raw)?, &body.messages)?;
             Some(tools::wrapped(convert(list)?))
         }
-        Some(raw) => Some(lists.get(tools::Form::Messages, &raw, convert)?),
+        Some(raw) => Some(lists.get(tools::Form::Messages, raw, convert)?),
         None => None,
     };
     let mut system: Vec<String> = match body.system {

@@ -28,14 +28,17 @@ use serde_json::{Map, Value};
 use super::chat::{Content, Conversation, Message};
 use super::{tools, Unrendered};
 
+/// The tool list borrowed: tens of KB of an agent's request, looked up
+/// by its text in the lists kept (`tools.rs`), not copied.
 #[derive(Deserialize)]
-struct Body {
+struct Body<'a> {
     input: Input,
     instructions: Option<String>,
     previous_response_id: Option<IgnoredAny>,
     conversation: Option<IgnoredAny>,
     prompt: Option<IgnoredAny>,
-    tools: Option<Box<serde_json::value::RawValue>>,
+    #[serde(borrow)]
+    tools: Option<&'a serde_json::value::RawValue>,
     reasoning: Option<Reasoning>,
     chat_template_kwargs: Option<Map<String, Value>>,
     cache_salt: Option<IgnoredAny>,
@@ -66,7 +69,7 @@ pub(super) fn conversation(body: &[u8], lists: &tools::Lists) -> Result<Conversa
         return Err(Unrendered::Unsupported);
     }
     let tools = match body.tools.filter(|t| !tools::is_empty_list(t)) {
-        Some(raw) => Some(lists.get(tools::Form::Responses, &raw, |list| {
+        Some(raw) => Some(lists.get(tools::Form::Responses, raw, |list| {
             let each = list.iter().map(tools::responses_tools);
             Ok(each.collect::<Result<Vec<_>, _>>()?.concat())
         })?),
