@@ -19,9 +19,9 @@ pub struct RenderFile {
     /// A body larger is estimated, not tokenized. Default 1048576.
     #[serde(default = "default_max_prompt_bytes")]
     max_prompt_bytes: u64,
-    /// A body at most this large, its tool list aside, is rendered on the
-    /// proxy's thread (its new text too, up to 4 KiB); 0: never. Default
-    /// 32768.
+    /// A body at most this large, its tool list aside, and of at most 128
+    /// messages is rendered on the proxy's thread (its new text too, up to
+    /// 4 KiB); 0: never. Default 32768.
     #[serde(default = "default_inline_bytes")]
     inline_bytes: u64,
 }

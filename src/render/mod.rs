@@ -288,28 +288,43 @@ impl Renderer {
     /// The prompt of a request of `api` with `body` as the chain of its
     /// token ids, `block` of them a link.
     pub fn chain(&self, api: Api, body: &[u8], block: usize) -> Result<Rendered, Unrendered> {
-        self.finish(self.prepare(api, body)?, block)
+        self.finish(self.whole(api, body)?, block)
     }
 
     /// The token ids of the prompt of a request of `api` with `body`.
     #[cfg(test)]
     pub fn tokens(&self, api: Api, body: &[u8]) -> Result<Vec<u32>, Unrendered> {
-        self.ids(self.prepare(api, body)?)
+        self.ids(self.whole(api, body)?)
     }
 
     /// The prompt of a request of `api` with `body`, rendered and cut at
     /// its added tokens, the pieces already tokenized looked up: all but
-    /// tokenizing its new text ([`Prepared::new_bytes`]).
-    pub fn prepare(&self, api: Api, body: &[u8]) -> Result<Prepared, Unrendered> {
+    /// tokenizing its new text ([`Prepared::new_bytes`]). `None` if it has
+    /// more than `max_messages` messages: the template's work grows with
+    /// them, not only with the bytes.
+    pub fn prepare(
+        &self,
+        api: Api,
+        body: &[u8],
+        max_messages: usize,
+    ) -> Result<Option<Prepared>, Unrendered> {
         let conversation = match api {
             Api::ChatCompletions => chat::conversation(body, &self.lists)?,
             Api::Messages => messages::conversation(body, &self.probed, &self.lists)?,
             Api::Responses => responses::conversation(body, &self.lists)?,
-            Api::Completions => return self.completion(body),
+            Api::Completions => return self.completion(body).map(Some),
             _ => return Err(Unrendered::Api),
         };
+        if conversation.messages.len() > max_messages {
+            return Ok(None);
+        }
         let text = self.render(conversation)?;
-        Ok(self.cut(text, false))
+        Ok(Some(self.cut(text, false)))
+    }
+
+    fn whole(&self, api: Api, body: &[u8]) -> Result<Prepared, Unrendered> {
+        self.prepare(api, body, usize::MAX)?
+            .ok_or(Unrendered::Failed)
     }
 
     /// `prepared`'s chain, its new text tokenized.

@@ -12,9 +12,10 @@
 //! one) next to waiting for a render thread busy with someone's new long
 //! prompt, and to the two thread wake-ups of the hand-off. So a body whose
 //! messages are small (`render.inline_bytes`, its tool list aside: kept
-//! rendered, `tools.rs`) is rendered on the proxy's thread, and its new
-//! text tokenized there too when it is short ([`INLINE_NEW_BYTES`]); more
-//! new text goes to the render threads.
+//! rendered, `tools.rs`) and messages few ([`INLINE_MESSAGES`]) is
+//! rendered on the proxy's thread, and its new text tokenized there too
+//! when it is short ([`INLINE_NEW_BYTES`]); more new text goes to the
+//! render threads.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
@@ -31,6 +32,11 @@ type Job = Box<dyn FnOnce() + Send>;
 /// New text tokenized on the proxy's thread at most: about 60 us of
 /// Qwen3's tokenizer (bench/results/tokenizer.md).
 pub const INLINE_NEW_BYTES: usize = 4096;
+
+/// Messages rendered on the proxy's thread at most: a template's work
+/// grows with them (Qwen3's loops over them twice), and a small body can
+/// hold a thousand tiny ones.
+pub const INLINE_MESSAGES: usize = 128;
 
 pub struct Workers {
     jobs: SyncSender<Job>,
@@ -80,14 +86,17 @@ impl Workers {
         if body.len() > self.max_bytes {
             return Err(Unrendered::TooLong);
         }
-        let done = if body.len().saturating_sub(tool_bytes) <= self.inline_bytes {
-            let prepared = guarded(|| renderer.prepare(api, &body))?;
-            if prepared.new_bytes() <= INLINE_NEW_BYTES {
-                return guarded(|| renderer.finish(prepared, block));
+        let small = body.len().saturating_sub(tool_bytes) <= self.inline_bytes;
+        let prepared = match small {
+            true => guarded(|| renderer.prepare(api, &body, INLINE_MESSAGES))?,
+            false => None,
+        };
+        let done = match prepared {
+            Some(p) if p.new_bytes() <= INLINE_NEW_BYTES => {
+                return guarded(|| renderer.finish(p, block));
             }
-            self.run(move || renderer.finish(prepared, block))
-        } else {
-            self.run(move || renderer.chain(api, &body, block))
+            Some(p) => self.run(move || renderer.finish(p, block)),
+            None => self.run(move || renderer.chain(api, &body, block)),
         };
         // A render that panicked drops its sender.
         done.map_err(|Busy| Unrendered::Busy)?
@@ -240,5 +249,18 @@ mod tests {
         let pool = Workers::start(1, 1, 1 << 20, 1 << 20);
         let got = pool.chain(renderer.clone(), Api::ChatCompletions, body.clone(), 0, 16);
         assert_eq!(got.await, renderer.chain(Api::ChatCompletions, &body, 16));
+    }
+
+    #[tokio::test]
+    async fn a_small_body_of_many_messages_is_rendered_by_the_pool() {
+        let renderer = Arc::new(super::super::tests::byte_model());
+        let message = r#"{"role":"user","content":"hi"}"#;
+        let messages = vec![message; INLINE_MESSAGES + 1].join(",");
+        let body = Bytes::from(format!(r#"{{"messages":[{messages}]}}"#));
+        assert!(body.len() < 8 << 10);
+        let (pool, release) = saturated(1 << 20);
+        let got = pool.chain(renderer.clone(), Api::ChatCompletions, body.clone(), 0, 16);
+        assert_eq!(got.await, Err(Unrendered::Busy));
+        release.wait();
     }
 }
