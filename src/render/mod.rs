@@ -165,6 +165,9 @@ enum TokenField {
 pub struct Prepared(Stage);
 
 enum Stage {
+    /// A conversation not rendered yet (too many messages to render where
+    /// it was prepared).
+    Conversation(Conversation),
     /// Given as token ids.
     Ids(Vec<u32>),
     /// Text tokenized whole, with the special tokens added if true.
@@ -174,12 +177,13 @@ enum Stage {
 }
 
 impl Prepared {
-    /// Bytes of text still to tokenize.
-    pub fn new_bytes(&self) -> usize {
+    /// Bytes of text still to tokenize; `None` if it is still to render.
+    pub fn new_bytes(&self) -> Option<usize> {
         match &self.0 {
-            Stage::Ids(_) => 0,
-            Stage::Whole(text, _) => text.len(),
-            Stage::Split(split) => split.new_bytes(),
+            Stage::Conversation(_) => None,
+            Stage::Ids(_) => Some(0),
+            Stage::Whole(text, _) => Some(text.len()),
+            Stage::Split(split) => Some(split.new_bytes()),
         }
     }
 }
@@ -288,43 +292,37 @@ impl Renderer {
     /// The prompt of a request of `api` with `body` as the chain of its
     /// token ids, `block` of them a link.
     pub fn chain(&self, api: Api, body: &[u8], block: usize) -> Result<Rendered, Unrendered> {
-        self.finish(self.whole(api, body)?, block)
+        self.finish(self.prepare(api, body, usize::MAX)?, block)
     }
 
     /// The token ids of the prompt of a request of `api` with `body`.
     #[cfg(test)]
     pub fn tokens(&self, api: Api, body: &[u8]) -> Result<Vec<u32>, Unrendered> {
-        self.ids(self.whole(api, body)?)
+        self.ids(self.prepare(api, body, usize::MAX)?)
     }
 
     /// The prompt of a request of `api` with `body`, rendered and cut at
     /// its added tokens, the pieces already tokenized looked up: all but
-    /// tokenizing its new text ([`Prepared::new_bytes`]). `None` if it has
-    /// more than `max_messages` messages: the template's work grows with
-    /// them, not only with the bytes.
+    /// tokenizing its new text ([`Prepared::new_bytes`]); only parsed if it
+    /// has more than `max_messages` messages: the template's work grows
+    /// with them, not only with the bytes.
     pub fn prepare(
         &self,
         api: Api,
         body: &[u8],
         max_messages: usize,
-    ) -> Result<Option<Prepared>, Unrendered> {
+    ) -> Result<Prepared, Unrendered> {
         let conversation = match api {
             Api::ChatCompletions => chat::conversation(body, &self.lists)?,
             Api::Messages => messages::conversation(body, &self.probed, &self.lists)?,
             Api::Responses => responses::conversation(body, &self.lists)?,
-            Api::Completions => return self.completion(body).map(Some),
+            Api::Completions => return self.completion(body),
             _ => return Err(Unrendered::Api),
         };
         if conversation.messages.len() > max_messages {
-            return Ok(None);
+            return Ok(Prepared(Stage::Conversation(conversation)));
         }
-        let text = self.render(conversation)?;
-        Ok(Some(self.cut(text, false)))
-    }
-
-    fn whole(&self, api: Api, body: &[u8]) -> Result<Prepared, Unrendered> {
-        self.prepare(api, body, usize::MAX)?
-            .ok_or(Unrendered::Failed)
+        Ok(self.cut(self.render(conversation)?, false))
     }
 
     /// `prepared`'s chain, its new text tokenized.
@@ -362,6 +360,7 @@ impl Renderer {
 
     fn ids(&self, prepared: Prepared) -> Result<Vec<u32>, Unrendered> {
         let ids = match prepared.0 {
+            Stage::Conversation(c) => return self.ids(self.cut(self.render(c)?, false)),
             Stage::Ids(ids) => Some(ids),
             Stage::Whole(text, special) => self.encoder.encode(&text, special),
             Stage::Split(split) => {

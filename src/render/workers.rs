@@ -86,17 +86,14 @@ impl Workers {
         if body.len() > self.max_bytes {
             return Err(Unrendered::TooLong);
         }
-        let small = body.len().saturating_sub(tool_bytes) <= self.inline_bytes;
-        let prepared = match small {
-            true => guarded(|| renderer.prepare(api, &body, INLINE_MESSAGES))?,
-            false => None,
-        };
-        let done = match prepared {
-            Some(p) if p.new_bytes() <= INLINE_NEW_BYTES => {
-                return guarded(|| renderer.finish(p, block));
+        let done = if body.len().saturating_sub(tool_bytes) <= self.inline_bytes {
+            let prepared = guarded(|| renderer.prepare(api, &body, INLINE_MESSAGES))?;
+            if prepared.new_bytes().is_some_and(|n| n <= INLINE_NEW_BYTES) {
+                return guarded(|| renderer.finish(prepared, block));
             }
-            Some(p) => self.run(move || renderer.finish(p, block)),
-            None => self.run(move || renderer.chain(api, &body, block)),
+            self.run(move || renderer.finish(prepared, block))
+        } else {
+            self.run(move || renderer.chain(api, &body, block))
         };
         // A render that panicked drops its sender.
         done.map_err(|Busy| Unrendered::Busy)?
@@ -195,12 +192,12 @@ mod tests {
         let pool = Workers::start(1, 0, 1 << 20, inline_bytes);
         let (started, release) = (Arc::new(Barrier::new(2)), Arc::new(Barrier::new(2)));
         let (s, r) = (started.clone(), release.clone());
-        let held = pool.jobs.clone();
-        held.send(Box::new(move || {
-            s.wait();
-            r.wait();
-        }))
-        .unwrap();
+        pool.jobs
+            .send(Box::new(move || {
+                s.wait();
+                r.wait();
+            }))
+            .unwrap();
         started.wait();
         (pool, release)
     }
