@@ -26,8 +26,8 @@ pub(super) struct Conversation {
     pub reasoning_effort: Option<String>,
     /// `chat_template_kwargs`.
     pub kwargs: Map<String, serde_json::Value>,
-    /// The tools, as the template sees them.
-    pub tools: Option<std::sync::Arc<[Value]>>,
+    /// The tools, as the template sees them once converted.
+    pub tools: Option<tools::Tools>,
 }
 
 /// A Chat Completions message.
@@ -245,7 +245,7 @@ pub(super) fn conversation(body: &[u8], lists: &tools::Lists) -> Result<Conversa
         Some(raw) if tools::is_empty_list(raw) => return Err(Unrendered::Failed),
         Some(raw) => Some(lists.get(tools::Form::Chat, raw, |list| {
             list.iter().map(tools::chat_tool).collect()
-        })?),
+        })),
         None => None,
     };
     Ok(Conversation {

@@ -121,14 +121,18 @@ pub(super) fn conversation(
     if body.cache_salt.is_some() {
         return Err(Unrendered::Salted);
     }
-    let convert = |list: Vec<Value>| list.iter().map(tools::messages_tool).collect();
+    let convert: tools::Convert = |list| list.iter().map(tools::messages_tool).collect();
     let tools = match body.tools {
         // Tools added or removed by the messages: this request's own list.
         Some(raw) if changes(&body.messages).next().is_some() => {
-            let list = with_changes(tools::parse(raw)?, &body.messages)?;
-            Some(tools::wrapped(convert(list)?))
+            let changes = changes(&body.messages).collect::<Result<Vec<_>, _>>()?;
+            let raw = raw.to_owned();
+            Some(tools::Tools::New(Box::new(move |_: &tools::Lists| {
+                let list = with_changes(tools::parse(&raw)?, changes)?;
+                Ok(tools::wrapped(convert(list)?))
+            })))
         }
-        Some(raw) => Some(lists.get(tools::Form::Messages, raw, convert)?),
+        Some(raw) => Some(lists.get(tools::Form::Messages, raw, convert)),
         None => None,
     };
     let mut system: Vec<String> = match body.system {
@@ -293,20 +297,33 @@ fn result_text(content: Option<ResultContent>) -> Result<(String, Vec<String>), 
     Ok((texts.join("\n"), references))
 }
 
+/// A tool added or removed by a block of the messages.
+struct Change {
+    added: bool,
+    tool: Value,
+}
+
 /// The blocks that add or remove a tool, in the messages' order.
-fn changes(turns: &[Turn]) -> impl Iterator<Item = &Block> {
+fn changes(turns: &[Turn]) -> impl Iterator<Item = Result<Change, Unrendered>> + '_ {
     let blocks = turns.iter().flat_map(|t| match &t.content {
         Blocks::List(blocks) => blocks.as_slice(),
         Blocks::Text(_) => &[],
     });
-    blocks.filter(|b| matches!(b.kind.as_str(), "tool_addition" | "tool_removal"))
+    blocks
+        .filter(|b| matches!(b.kind.as_str(), "tool_addition" | "tool_removal"))
+        .map(|b| {
+            Ok(Change {
+                added: b.kind == "tool_addition",
+                tool: b.tool.clone().ok_or(Unrendered::Failed)?,
+            })
+        })
 }
 
 /// The tools in effect at the conversation's end, as vLLM resolves them
 /// (`_resolve_tools`): blocks `tool_addition` (of a tool defined by value,
 /// or of one of `tools`, then no longer deferred) and `tool_removal`, in
 /// the messages' order.
-fn with_changes(tools: Vec<Value>, turns: &[Turn]) -> Result<Vec<Value>, Unrendered> {
+fn with_changes(tools: Vec<Value>, changes: Vec<Change>) -> Result<Vec<Value>, Unrendered> {
     let name = |tool: &Value| {
         let name = tools::field(tool, "name").ok_or(Unrendered::Failed)?;
         name.as_str().map(str::to_string).ok_or(Unrendered::Failed)
@@ -317,21 +334,24 @@ fn with_changes(tools: Vec<Value>, turns: &[Turn]) -> Result<Vec<Value>, Unrende
         by_name.insert(name(&t)?, t);
     }
     let mut removed = Vec::new();
-    for block in changes(turns) {
-        let change = block.tool.as_ref().ok_or(Unrendered::Failed)?;
-        let kind = tools::field(change, "type");
+    for Change {
+        added,
+        tool: change,
+    } in changes
+    {
+        let kind = tools::field(&change, "type");
         let n = match kind.as_ref().and_then(Value::as_str) {
             Some("tool_definition") => {
-                let definition = tools::field(change, "definition").ok_or(Unrendered::Failed)?;
+                let definition = tools::field(&change, "definition").ok_or(Unrendered::Failed)?;
                 let n = name(&definition)?;
                 by_name.insert(n.clone(), definition);
                 n
             }
             Some("tool_reference") => {
-                let n = name(change)?;
+                let n = name(&change)?;
                 // vLLM refuses a reference to a tool not declared.
                 let tool = by_name.get_mut(&n).ok_or(Unrendered::Failed)?;
-                if block.kind == "tool_addition" {
+                if added {
                     *tool = tools::without(tool, "defer_loading")?;
                 }
                 n
@@ -339,7 +359,7 @@ fn with_changes(tools: Vec<Value>, turns: &[Turn]) -> Result<Vec<Value>, Unrende
             _ => return Err(Unrendered::Failed),
         };
         removed.retain(|r| *r != n);
-        if block.kind == "tool_removal" {
+        if !added {
             removed.push(n);
         }
     }

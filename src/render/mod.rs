@@ -165,8 +165,8 @@ enum TokenField {
 pub struct Prepared(Stage);
 
 enum Stage {
-    /// A conversation not rendered yet (too many messages to render where
-    /// it was prepared).
+    /// A conversation not rendered yet (too many messages, or a tool list
+    /// still to convert, to render where it was prepared).
     Conversation(Conversation),
     /// Given as token ids.
     Ids(Vec<u32>),
@@ -304,8 +304,9 @@ impl Renderer {
     /// The prompt of a request of `api` with `body`, rendered and cut at
     /// its added tokens, the pieces already tokenized looked up: all but
     /// tokenizing its new text ([`Prepared::new_bytes`]); only parsed if it
-    /// has more than `max_messages` messages: the template's work grows
-    /// with them, not only with the bytes.
+    /// has more than `max_messages` messages (the template's work grows
+    /// with them, not only with the bytes) or a tool list not converted
+    /// before (tens of KB to parse and dump).
     pub fn prepare(
         &self,
         api: Api,
@@ -319,7 +320,11 @@ impl Renderer {
             Api::Completions => return self.completion(body),
             _ => return Err(Unrendered::Api),
         };
-        if conversation.messages.len() > max_messages {
+        let new_tools = conversation
+            .tools
+            .as_ref()
+            .is_some_and(tools::Tools::is_new);
+        if conversation.messages.len() > max_messages || new_tools {
             return Ok(Prepared(Stage::Conversation(conversation)));
         }
         Ok(self.cut(self.render(conversation)?, false))
@@ -404,7 +409,11 @@ impl Renderer {
         for (k, v) in &self.specials {
             context.insert(k.clone(), Value::from(v.as_str()));
         }
-        let tools = conversation.tools.map(|t| Value::from(t.to_vec()));
+        let tools = conversation
+            .tools
+            .map(|t| t.converted(&self.lists))
+            .transpose()?;
+        let tools = tools.map(|t| Value::from(t.to_vec()));
         context.insert("tools".into(), tools.unwrap_or(Value::from(())));
         context.insert("documents".into(), Value::from(()));
         let thinking_set = conversation.kwargs.contains_key("enable_thinking");

@@ -68,13 +68,12 @@ pub(super) fn conversation(body: &[u8], lists: &tools::Lists) -> Result<Conversa
     if body.prompt.is_some() {
         return Err(Unrendered::Unsupported);
     }
-    let tools = match body.tools.filter(|t| !tools::is_empty_list(t)) {
-        Some(raw) => Some(lists.get(tools::Form::Responses, raw, |list| {
+    let tools = body.tools.filter(|t| !tools::is_empty_list(t)).map(|raw| {
+        lists.get(tools::Form::Responses, raw, |list| {
             let each = list.iter().map(tools::responses_tools);
             Ok(each.collect::<Result<Vec<_>, _>>()?.concat())
-        })?),
-        None => None,
-    };
+        })
+    });
     let mut messages = Vec::new();
     if let Some(text) = body.instructions.filter(|t| !t.is_empty()) {
         messages.push(Message::text("system", text));

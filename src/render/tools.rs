@@ -47,25 +47,54 @@ pub(super) enum Form {
     Responses = 3,
 }
 
+/// Turns a request's tools, as read, into the tools the template sees.
+pub(super) type Convert = fn(Vec<Value>) -> Result<Vec<Value>, Unrendered>;
+
+/// A request's tool list: kept from an earlier request, or new and
+/// converted where the prompt is rendered, so that a proxy's thread, which
+/// renders only small prompts, never parses and dumps a new list of tens
+/// of KB.
+pub(super) enum Tools {
+    Kept(Arc<[Value]>),
+    New(Box<ToConvert>),
+}
+
+/// Converts a new list, keeping it in the lists if it is one to keep.
+pub(super) type ToConvert = dyn FnOnce(&Lists) -> Result<Arc<[Value]>, Unrendered> + Send;
+
+impl Tools {
+    pub fn is_new(&self) -> bool {
+        matches!(self, Tools::New(_))
+    }
+
+    /// The list, converted (and kept, if it is a request's list as sent)
+    /// if new.
+    pub fn converted(self, lists: &Lists) -> Result<Arc<[Value]>, Unrendered> {
+        match self {
+            Tools::Kept(list) => Ok(list),
+            Tools::New(convert) => convert(lists),
+        }
+    }
+}
+
 impl Lists {
-    /// The list `raw` of an API's `form`, converted by `convert`.
-    pub fn get(
-        &self,
-        form: Form,
-        raw: &RawValue,
-        convert: impl FnOnce(Vec<Value>) -> Result<Vec<Value>, Unrendered>,
-    ) -> Result<Arc<[Value]>, Unrendered> {
+    /// The list `raw` of an API's `form`, converted by `convert`: kept, or
+    /// new, to be kept once converted.
+    pub fn get(&self, form: Form, raw: &RawValue, convert: Convert) -> Tools {
         let key = xxh3_64_with_seed(raw.get().as_bytes(), form as u64);
         if let Some(list) = self.kept.lock().unwrap().get(&key) {
-            return Ok(list.clone());
+            return Tools::Kept(list.clone());
         }
-        let list: Arc<[Value]> = wrapped(convert(parse(raw)?)?);
-        let mut kept = self.kept.lock().unwrap();
-        if kept.len() >= KEPT {
-            kept.clear();
-        }
-        kept.insert(key, list.clone());
-        Ok(list)
+        let raw = raw.to_owned();
+        Tools::New(Box::new(move |lists: &Lists| {
+            let list: Arc<[Value]> = wrapped(convert(parse(&raw)?)?);
+            let mut kept = lists.kept.lock().unwrap();
+            if kept.len() >= KEPT {
+                kept.clear();
+            }
+            kept.insert(key, list.clone());
+            Ok(list)
+        }))
     }
 }
 

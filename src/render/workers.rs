@@ -12,10 +12,10 @@
 //! one) next to waiting for a render thread busy with someone's new long
 //! prompt, and to the two thread wake-ups of the hand-off. So a body whose
 //! messages are small (`render.inline_bytes`, its tool list aside: kept
-//! rendered, `tools.rs`) and messages few ([`INLINE_MESSAGES`]) is
+//! converted, `tools.rs`) and messages few ([`INLINE_MESSAGES`]) is
 //! rendered on the proxy's thread, and its new text tokenized there too
 //! when it is short ([`INLINE_NEW_BYTES`]); more new text goes to the
-//! render threads.
+//! render threads, and so does a tool list not converted before.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
@@ -246,6 +246,50 @@ mod tests {
         let pool = Workers::start(1, 1, 1 << 20, 1 << 20);
         let got = pool.chain(renderer.clone(), Api::ChatCompletions, body.clone(), 0, 16);
         assert_eq!(got.await, renderer.chain(Api::ChatCompletions, &body, 16));
+    }
+
+    #[tokio::test]
+    async fn a_tool_list_not_converted_before_is_converted_by_the_pool() {
+        let renderer = Arc::new(super::super::tests::byte_model());
+        let tools = r#"[{"type":"function","function":{"name":"read","parameters":{}}}]"#;
+        let body = Bytes::from(format!(
+            r#"{{"tools":{tools},"messages":[{{"role":"user","content":"q"}}]}}"#
+        ));
+        let (pool, release) = saturated(1 << 20);
+        let got = pool.chain(
+            renderer.clone(),
+            Api::ChatCompletions,
+            body.clone(),
+            tools.len(),
+            16,
+        );
+        assert_eq!(got.await, Err(Unrendered::Busy));
+        release.wait();
+        // Converted once (by the pool) and kept: then rendered where it is.
+        let want = renderer.chain(Api::ChatCompletions, &body, 16);
+        assert!(want.is_ok());
+        let (pool, release) = saturated(1 << 20);
+        let got = pool.chain(
+            renderer.clone(),
+            Api::ChatCompletions,
+            body,
+            tools.len(),
+            16,
+        );
+        assert_eq!(got.await, want);
+        release.wait();
+        // A Messages request whose blocks change its tools has a list of
+        // its own every time: always the pool's.
+        let changed = Bytes::from_static(
+            br#"{"tools":[{"name":"read","input_schema":{},"defer_loading":true}],
+            "messages":[{"role":"user","content":[{"type":"tool_addition",
+                "tool":{"type":"tool_reference","name":"read"}},{"type":"text","text":"q"}]}]}"#,
+        );
+        assert!(renderer.chain(Api::Messages, &changed, 16).is_ok());
+        let (pool, release) = saturated(1 << 20);
+        let got = pool.chain(renderer.clone(), Api::Messages, changed, 0, 16);
+        assert_eq!(got.await, Err(Unrendered::Busy));
+        release.wait();
     }
 
     #[tokio::test]
