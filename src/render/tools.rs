@@ -32,12 +32,41 @@ use super::Unrendered;
 /// read, converted and written by `tojson` once, not per request.
 #[derive(Default)]
 pub(super) struct Lists {
-    kept: Mutex<HashMap<u64, Arc<[Value]>>>,
+    kept: Mutex<Kept>,
 }
 
-/// Lists kept at most (then all are forgotten, and the next requests keep
-/// theirs again).
+/// Lists kept at most: past it, the least recently used goes. A list not
+/// kept is converted again, by a render thread.
 const KEPT: usize = 256;
+
+#[derive(Default)]
+struct Kept {
+    /// Each list, and when it was last used (`clock`).
+    lists: HashMap<u64, (Arc<[Value]>, u64)>,
+    clock: u64,
+}
+
+impl Kept {
+    fn get(&mut self, key: u64) -> Option<Arc<[Value]>> {
+        self.clock += 1;
+        let (list, used) = self.lists.get_mut(&key)?;
+        *used = self.clock;
+        Some(list.clone())
+    }
+
+    fn keep(&mut self, key: u64, list: Arc<[Value]>) {
+        if self.lists.len() >= KEPT && !self.lists.contains_key(&key) {
+            // A scan of the kept lists, once a new list is converted: rare
+            // beside the lookups.
+            let oldest = self.lists.iter().min_by_key(|(_, (_, used))| *used);
+            if let Some(oldest) = oldest.map(|(key, _)| *key) {
+                self.lists.remove(&oldest);
+            }
+        }
+        self.clock += 1;
+        self.lists.insert(key, (list, self.clock));
+    }
+}
 
 /// Which API's form a list is in (the same JSON converts otherwise).
 #[derive(Clone, Copy)]
@@ -82,17 +111,13 @@ impl Lists {
     /// new, to be kept once converted.
     pub fn get(&self, form: Form, raw: &RawValue, convert: Convert) -> Tools {
         let key = xxh3_64_with_seed(raw.get().as_bytes(), form as u64);
-        if let Some(list) = self.kept.lock().unwrap().get(&key) {
-            return Tools::Kept(list.clone());
+        if let Some(list) = self.kept.lock().unwrap().get(key) {
+            return Tools::Kept(list);
         }
         let raw = raw.to_owned();
         Tools::New(Box::new(move |lists: &Lists| {
             let list: Arc<[Value]> = wrapped(convert(parse(&raw)?)?);
-            let mut kept = lists.kept.lock().unwrap();
-            if kept.len() >= KEPT {
-                kept.clear();
-            }
-            kept.insert(key, list.clone());
+            lists.kept.lock().unwrap().keep(key, list.clone());
             Ok(list)
         }))
     }
@@ -398,6 +423,29 @@ pub(super) fn map<K: Into<Value>>(entries: impl IntoIterator<Item = (K, Value)>)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn past_its_bound_the_least_recently_used_list_goes() {
+        let lists = Lists::default();
+        let raw = |i: usize| -> Box<RawValue> {
+            let list = format!(r#"[{{"type":"function","function":{{"name":"t{i}"}}}}]"#);
+            RawValue::from_string(list).unwrap()
+        };
+        let convert: Convert = |list| list.iter().map(chat_tool).collect();
+        let get = |i: usize| lists.get(Form::Chat, &raw(i), convert);
+        for i in 0..KEPT {
+            assert!(get(i).is_new());
+            assert!(get(i).converted(&lists).is_ok());
+            assert!(!get(i).is_new());
+        }
+        // The first used again: the second is now the least recent.
+        assert!(!get(0).is_new());
+        assert!(get(KEPT).converted(&lists).is_ok());
+        assert!(!get(KEPT).is_new());
+        assert!(!get(0).is_new());
+        assert!(get(1).is_new());
+        assert!(!get(2).is_new());
+    }
 
     fn json(text: &str) -> Value {
         serde_json::from_str(text).unwrap()
