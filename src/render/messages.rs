@@ -28,6 +28,7 @@ use minijinja::Value;
 use serde::de::IgnoredAny;
 use serde::Deserialize;
 use serde_json::Map;
+use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use super::chat::{Content, Conversation, Message, Part, BILLING_HEADER};
 use super::{tools, Unrendered};
@@ -123,14 +124,16 @@ pub(super) fn conversation(
     }
     let convert: tools::Convert = |list| list.iter().map(tools::messages_tool).collect();
     let tools = match body.tools {
-        // Tools added or removed by the messages: this request's own list.
+        // Tools added or removed by the messages: the list they make, kept
+        // by the list and the changes.
         Some(raw) if changes(&body.messages).next().is_some() => {
             let changes = changes(&body.messages).collect::<Result<Vec<_>, _>>()?;
-            let raw = raw.to_owned();
-            Some(tools::Tools::New(Box::new(move |_: &tools::Lists| {
-                let list = with_changes(tools::parse(&raw)?, changes)?;
-                Ok(tools::wrapped(convert(list)?))
-            })))
+            let mut key = tools::key(tools::Form::Messages, raw);
+            for c in &changes {
+                let text = serde_json::to_vec(&c.tool).map_err(|_| Unrendered::Failed)?;
+                key = xxh3_64_with_seed(&text, key ^ u64::from(c.added));
+            }
+            Some(lists.find(key, raw, move |list| convert(with_changes(list, changes)?)))
         }
         Some(raw) => Some(lists.get(tools::Form::Messages, raw, convert)),
         None => None,

@@ -28,7 +28,8 @@ use super::python::Dumped;
 use super::Unrendered;
 
 /// The tool lists of recent requests as the template sees them, by their
-/// JSON text: an agent sends the same list with every request, so it is
+/// JSON text (and a Messages request's tools added and removed by its
+/// blocks): an agent sends the same list with every request, so it is
 /// read, converted and written by `tojson` once, not per request.
 #[derive(Default)]
 pub(super) struct Lists {
@@ -96,8 +97,7 @@ impl Tools {
         matches!(self, Tools::New(_))
     }
 
-    /// The list, converted (and kept, if it is a request's list as sent)
-    /// if new.
+    /// The list, converted and kept if new.
     pub fn converted(self, lists: &Lists) -> Result<Arc<[Value]>, Unrendered> {
         match self {
             Tools::Kept(list) => Ok(list),
@@ -110,7 +110,16 @@ impl Lists {
     /// The list `raw` of an API's `form`, converted by `convert`: kept, or
     /// new, to be kept once converted.
     pub fn get(&self, form: Form, raw: &RawValue, convert: Convert) -> Tools {
-        let key = xxh3_64_with_seed(raw.get().as_bytes(), form as u64);
+        self.find(key(form, raw), raw, convert)
+    }
+
+    /// The list `raw`, converted by `convert`, kept under `key`.
+    pub fn find(
+        &self,
+        key: u64,
+        raw: &RawValue,
+        convert: impl FnOnce(Vec<Value>) -> Result<Vec<Value>, Unrendered> + Send + 'static,
+    ) -> Tools {
         if let Some(list) = self.kept.lock().unwrap().get(key) {
             return Tools::Kept(list);
         }
@@ -121,6 +130,11 @@ impl Lists {
             Ok(list)
         }))
     }
+}
+
+/// What a list `raw` of an API's `form` is kept under.
+pub(super) fn key(form: Form, raw: &RawValue) -> u64 {
+    xxh3_64_with_seed(raw.get().as_bytes(), form as u64)
 }
 
 /// A list of tools read in the client's key order.

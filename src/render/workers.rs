@@ -278,18 +278,27 @@ mod tests {
         );
         assert_eq!(got.await, want);
         release.wait();
-        // A Messages request whose blocks change its tools has a list of
-        // its own every time: always the pool's.
-        let changed = Bytes::from_static(
-            br#"{"tools":[{"name":"read","input_schema":{},"defer_loading":true}],
-            "messages":[{"role":"user","content":[{"type":"tool_addition",
-                "tool":{"type":"tool_reference","name":"read"}},{"type":"text","text":"q"}]}]}"#,
-        );
-        assert!(renderer.chain(Api::Messages, &changed, 16).is_ok());
-        let (pool, release) = saturated(1 << 20);
-        let got = pool.chain(renderer.clone(), Api::Messages, changed, 0, 16);
-        assert_eq!(got.await, Err(Unrendered::Busy));
-        release.wait();
+        // A Messages request whose blocks change its tools: the list they
+        // make is kept by the changes too.
+        let changed = |added: &str| {
+            Bytes::from(format!(
+                r#"{{"tools":[{{"name":"read","input_schema":{{}},"defer_loading":true}}],
+                "messages":[{{"role":"user","content":[{{"type":"{added}",
+                    "tool":{{"type":"tool_reference","name":"read"}}}},{{"type":"text","text":"q"}}]}}]}}"#
+            ))
+        };
+        for body in [changed("tool_addition"), changed("tool_removal")] {
+            let (pool, release) = saturated(1 << 20);
+            let got = pool.chain(renderer.clone(), Api::Messages, body.clone(), 0, 16);
+            assert_eq!(got.await, Err(Unrendered::Busy));
+            release.wait();
+            let want = renderer.chain(Api::Messages, &body, 16);
+            assert!(want.is_ok());
+            let (pool, release) = saturated(1 << 20);
+            let got = pool.chain(renderer.clone(), Api::Messages, body, 0, 16);
+            assert_eq!(got.await, want);
+            release.wait();
+        }
     }
 
     #[tokio::test]
