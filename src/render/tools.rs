@@ -89,7 +89,7 @@ pub(super) enum Tools {
     New(Box<ToConvert>),
 }
 
-/// Converts a new list, keeping it in the lists if it is one to keep.
+/// Converts a new list and keeps it in the lists.
 pub(super) type ToConvert = dyn FnOnce(&Lists) -> Result<Arc<[Value]>, Unrendered> + Send;
 
 impl Tools {
