@@ -255,29 +255,6 @@ mod tests {
         let body = Bytes::from(format!(
             r#"{{"tools":{tools},"messages":[{{"role":"user","content":"q"}}]}}"#
         ));
-        let (pool, release) = saturated(1 << 20);
-        let got = pool.chain(
-            renderer.clone(),
-            Api::ChatCompletions,
-            body.clone(),
-            tools.len(),
-            16,
-        );
-        assert_eq!(got.await, Err(Unrendered::Busy));
-        release.wait();
-        // Converted once (by the pool) and kept: then rendered where it is.
-        let want = renderer.chain(Api::ChatCompletions, &body, 16);
-        assert!(want.is_ok());
-        let (pool, release) = saturated(1 << 20);
-        let got = pool.chain(
-            renderer.clone(),
-            Api::ChatCompletions,
-            body,
-            tools.len(),
-            16,
-        );
-        assert_eq!(got.await, want);
-        release.wait();
         // A Messages request whose blocks change its tools: the list they
         // make is kept by the changes too.
         let changed = |added: &str| {
@@ -287,15 +264,21 @@ mod tests {
                     "tool":{{"type":"tool_reference","name":"read"}}}},{{"type":"text","text":"q"}}]}}]}}"#
             ))
         };
-        for body in [changed("tool_addition"), changed("tool_removal")] {
+        let requests = [
+            (Api::ChatCompletions, body, tools.len()),
+            (Api::Messages, changed("tool_addition"), 0),
+            (Api::Messages, changed("tool_removal"), 0),
+        ];
+        for (api, body, tool_bytes) in requests {
             let (pool, release) = saturated(1 << 20);
-            let got = pool.chain(renderer.clone(), Api::Messages, body.clone(), 0, 16);
+            let got = pool.chain(renderer.clone(), api, body.clone(), tool_bytes, 16);
             assert_eq!(got.await, Err(Unrendered::Busy));
             release.wait();
-            let want = renderer.chain(Api::Messages, &body, 16);
+            // Converted once (by the pool) and kept: then rendered where it is.
+            let want = renderer.chain(api, &body, 16);
             assert!(want.is_ok());
             let (pool, release) = saturated(1 << 20);
-            let got = pool.chain(renderer.clone(), Api::Messages, body, 0, 16);
+            let got = pool.chain(renderer.clone(), api, body, tool_bytes, 16);
             assert_eq!(got.await, want);
             release.wait();
         }
