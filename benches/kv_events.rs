@@ -1,5 +1,5 @@
 //! What exact matching by KV-cache events costs: a message of events
-//! decoded and applied to the prefix index (per block stored), the memory a
+//! decoded (and applied to the prefix index, per block stored), the memory a
 //! block held takes, and a request's prompt rendered and tokenized as vLLM
 //! does against its chain of text (what routing does without events).
 //!
@@ -89,18 +89,27 @@ fn ingest(c: &mut Criterion) {
     let mut holdings = Holdings::new(addr(), BLOCK, 1 << 16);
     let mut g = c.benchmark_group("events");
     g.throughput(Throughput::Elements(PER_EVENT as u64));
+    let frames = |i: usize| -> Vec<&[u8]> {
+        messages[i % messages.len()]
+            .iter()
+            .map(|f| &f[..])
+            .collect()
+    };
     let mut i = 0;
     g.bench_function("decode_apply", |b| {
         b.iter(|| {
-            let frames: Vec<&[u8]> = messages[i % messages.len()]
-                .iter()
-                .map(|f| &f[..])
-                .collect();
             i += 1;
-            let m = wire::decode(&frames).unwrap();
+            let m = wire::decode(&frames(i)).unwrap();
             for e in &m.events {
                 holdings.apply(&index, e);
             }
+        })
+    });
+    // The decode alone: what the msgpack reader costs of the two.
+    g.bench_function("decode", |b| {
+        b.iter(|| {
+            i += 1;
+            wire::decode(&frames(i)).unwrap()
         })
     });
     g.finish();

@@ -170,3 +170,170 @@ fn malformed_frames_are_errors_not_panics() {
         let _ = wire::decode(&[f[0], f[1], &flipped]);
     }
 }
+
+/// msgpack written value by value with rmp's encoder, in forms vLLM's
+/// encoder may choose and the captured stream does not show.
+mod forms {
+    use rmp::encode as mp;
+
+    use super::super::wire::{self, BlockHash, Event, Medium, Stored};
+
+    fn decode(payload: &[u8]) -> Result<Vec<Event>, wire::Malformed> {
+        wire::decode(&[b"kv", &7u64.to_be_bytes(), payload]).map(|m| m.events)
+    }
+
+    /// Writes one value.
+    type Write<'a> = &'a dyn Fn(&mut Vec<u8>);
+
+    /// `[ts, [events...], rank]`, each event written by its writer.
+    fn batch(events: &[Write]) -> Vec<u8> {
+        let mut b = Vec::new();
+        mp::write_array_len(&mut b, 3).unwrap();
+        mp::write_f64(&mut b, 1.5).unwrap();
+        mp::write_array_len(&mut b, events.len() as u32).unwrap();
+        for e in events {
+            e(&mut b);
+        }
+        mp::write_uint(&mut b, 0).unwrap();
+        b
+    }
+
+    fn key(b: &mut Vec<u8>, k: &str) {
+        mp::write_str(b, k).unwrap();
+    }
+
+    #[test]
+    fn every_integer_form_fields_in_any_order_and_unknown_values_skipped() {
+        let stored = |b: &mut Vec<u8>| {
+            mp::write_map_len(b, 9).unwrap();
+            key(b, "future_field"); // nested values of every kind, skipped
+            mp::write_map_len(b, 2).unwrap();
+            key(b, "a");
+            mp::write_array_len(b, 3).unwrap();
+            mp::write_f32(b, 0.5).unwrap();
+            mp::write_bin(b, &[1, 2, 3]).unwrap();
+            mp::write_ext_meta(b, 4, 9).unwrap();
+            b.extend_from_slice(&[0; 4]);
+            key(b, "b");
+            mp::write_bool(b, true).unwrap();
+            key(b, "token_ids");
+            mp::write_array_len(b, 6).unwrap();
+            mp::write_pfix(b, 5).unwrap();
+            mp::write_u8(b, 200).unwrap();
+            mp::write_u16(b, 300).unwrap();
+            mp::write_u32(b, 151_000).unwrap();
+            mp::write_u64(b, 7).unwrap();
+            mp::write_i16(b, 9).unwrap();
+            key(b, "block_size");
+            mp::write_u64(b, 3).unwrap();
+            key(b, "block_hashes");
+            mp::write_array_len(b, 2).unwrap();
+            mp::write_bin(b, &[0xab; 32]).unwrap();
+            mp::write_sint(b, -2).unwrap();
+            key(b, "parent_block_hash");
+            mp::write_u64(b, u64::MAX).unwrap();
+            key(b, "lora_id");
+            mp::write_uint(b, 12).unwrap();
+            key(b, "medium");
+            mp::write_str(b, "CPU").unwrap();
+            key(b, "extra_keys");
+            mp::write_array_len(b, 2).unwrap();
+            mp::write_nil(b).unwrap();
+            mp::write_array_len(b, 1).unwrap();
+            mp::write_str(b, "salt").unwrap();
+            key(b, "type");
+            mp::write_str(b, "BlockStored").unwrap();
+        };
+        let other = |b: &mut Vec<u8>| {
+            mp::write_map_len(b, 1).unwrap();
+            key(b, "type");
+            mp::write_str(b, "SomethingNew").unwrap();
+        };
+        let cleared = |b: &mut Vec<u8>| {
+            mp::write_array_len(b, 1).unwrap();
+            mp::write_str(b, "AllBlocksCleared").unwrap();
+        };
+        // The array form with its fields cut short after the parent.
+        let short = |b: &mut Vec<u8>| {
+            mp::write_array_len(b, 3).unwrap();
+            mp::write_str(b, "BlockStored").unwrap();
+            mp::write_array_len(b, 1).unwrap();
+            mp::write_uint(b, 4).unwrap();
+            mp::write_nil(b).unwrap();
+        };
+        let events = decode(&batch(&[&stored, &other, &cleared, &short])).unwrap();
+        assert_eq!(
+            events,
+            [
+                Event::Stored(Stored {
+                    hashes: vec![
+                        BlockHash(xxhash_rust::xxh3::xxh3_64(&[0xab; 32])),
+                        BlockHash(-2i64 as u64),
+                    ],
+                    parent: Some(BlockHash(u64::MAX)),
+                    token_ids: vec![5, 200, 300, 151_000, 7, 9],
+                    block_size: 3,
+                    lora: Some("#12".into()),
+                    medium: Medium::Other,
+                    extra_keys: true,
+                }),
+                Event::Other,
+                Event::Cleared,
+                Event::Stored(Stored {
+                    hashes: vec![BlockHash(4)],
+                    ..Stored::default()
+                }),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_value_of_the_wrong_type_or_range_is_an_error() {
+        let token = |id: Write| {
+            let mut b = Vec::new();
+            mp::write_map_len(&mut b, 2).unwrap();
+            key(&mut b, "type");
+            mp::write_str(&mut b, "BlockStored").unwrap();
+            key(&mut b, "token_ids");
+            mp::write_array_len(&mut b, 1).unwrap();
+            id(&mut b);
+            b
+        };
+        for bad in [
+            token(&|b| mp::write_u64(b, 1 << 33).map(drop).unwrap()),
+            token(&|b| mp::write_sint(b, -1).map(drop).unwrap()),
+            token(&|b| mp::write_str(b, "7").unwrap()),
+        ] {
+            let e = move |b: &mut Vec<u8>| b.extend_from_slice(&bad);
+            assert!(decode(&batch(&[&e])).is_err());
+        }
+        let mut not_a_batch = Vec::new();
+        mp::write_array_len(&mut not_a_batch, 1).unwrap();
+        mp::write_f64(&mut not_a_batch, 1.0).unwrap();
+        assert!(decode(&not_a_batch).is_err());
+    }
+
+    #[test]
+    fn a_deeply_nested_or_overlong_value_is_no_crash() {
+        // An unknown field nested a million arrays deep is skipped without
+        // recursion.
+        let deep = |b: &mut Vec<u8>| {
+            mp::write_map_len(b, 2).unwrap();
+            key(b, "nested");
+            for _ in 0..1_000_000 {
+                mp::write_array_len(b, 1).unwrap();
+            }
+            mp::write_nil(b).unwrap();
+            key(b, "type");
+            mp::write_str(b, "AllBlocksCleared").unwrap();
+        };
+        assert_eq!(decode(&batch(&[&deep])).unwrap(), [Event::Cleared]);
+        // A list claiming four billion entries in a few bytes is an error,
+        // not a four-billion-entry allocation.
+        let mut b = Vec::new();
+        mp::write_array_len(&mut b, 2).unwrap();
+        mp::write_f64(&mut b, 1.0).unwrap();
+        mp::write_array_len(&mut b, u32::MAX).unwrap();
+        assert!(decode(&b).is_err());
+    }
+}

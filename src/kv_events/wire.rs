@@ -19,11 +19,17 @@
 //!
 //! Fields this gateway does not read are skipped, whatever they hold; an
 //! event of another type decodes as [`Event::Other`].
+//!
+//! The payload is read value by value with rmp's reader (markers, lengths,
+//! integers, strings), not through serde: a stored block carries its
+//! token ids, and serde's visitor took each of them apart on its own (two
+//! thirds of the events' decode-and-apply cost, `benches/kv_events.rs`).
 
 use std::fmt;
 
-use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
-use serde::Deserialize;
+use rmp::decode::bytes::BytesReadError;
+use rmp::decode::{self as mp, Bytes, NumValueReadError, ValueReadError};
+use rmp::Marker;
 use xxhash_rust::xxh3::xxh3_64;
 
 /// One published message.
@@ -49,17 +55,6 @@ impl fmt::Display for Malformed {
             Malformed::Payload(e) => write!(f, "payload: {e}"),
         }
     }
-}
-
-/// A message's frames: `[topic, seq, payload]`.
-pub fn decode(frames: &[&[u8]]) -> Result<Message, Malformed> {
-    let [_topic, seq, payload] = frames else {
-        return Err(Malformed::Frames);
-    };
-    let seq = seq_of(seq).ok_or(Malformed::Frames)?;
-    let Batch(events) =
-        rmp_serde::from_slice(payload).map_err(|e| Malformed::Payload(e.to_string()))?;
-    Ok(Message { seq, events })
 }
 
 /// A sequence number frame: 8 bytes, big-endian.
@@ -109,147 +104,381 @@ pub enum Medium {
     Other,
 }
 
-struct Batch(Vec<Event>);
+/// A message's frames: `[topic, seq, payload]`.
+pub fn decode(frames: &[&[u8]]) -> Result<Message, Malformed> {
+    let [_topic, seq, payload] = frames else {
+        return Err(Malformed::Frames);
+    };
+    let seq = seq_of(seq).ok_or(Malformed::Frames)?;
+    let events = Reader(payload)
+        .batch()
+        .map_err(|e| Malformed::Payload(e.to_string()))?;
+    Ok(Message { seq, events })
+}
 
-impl<'de> Deserialize<'de> for Batch {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Batch;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("an event batch [ts, events, ...]")
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Batch, A::Error> {
-                let _ts: IgnoredAny = seq
-                    .next_element()?
-                    .ok_or_else(|| de::Error::invalid_length(0, &self))?;
-                let events: Vec<Event> = seq
-                    .next_element()?
-                    .ok_or_else(|| de::Error::invalid_length(1, &self))?;
-                while seq.next_element::<IgnoredAny>()?.is_some() {}
-                Ok(Batch(events))
-            }
+/// Why a payload did not decode.
+#[derive(Debug)]
+enum Bad {
+    /// It ended inside a value.
+    Short,
+    /// Not `[ts, events, ...]`.
+    Batch,
+    /// A value of another type than the field's.
+    Type(&'static str, Marker),
+    /// An integer out of the field's range.
+    Range(&'static str),
+    Utf8,
+}
+
+impl fmt::Display for Bad {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Bad::Short => f.write_str("ends inside a value"),
+            Bad::Batch => f.write_str("not an event batch [ts, events, ...]"),
+            Bad::Type(want, got) => write!(f, "expected {want}, found {got:?}"),
+            Bad::Range(want) => write!(f, "{want} out of range"),
+            Bad::Utf8 => f.write_str("a string not UTF-8"),
         }
-        d.deserialize_seq(V)
     }
 }
 
-impl<'de> Deserialize<'de> for BlockHash {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl Visitor<'_> for V {
-            type Value = BlockHash;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a block hash (bytes or an integer)")
-            }
-            fn visit_bytes<E: de::Error>(self, v: &[u8]) -> Result<BlockHash, E> {
-                Ok(BlockHash(xxh3_64(v)))
-            }
-            fn visit_u64<E: de::Error>(self, v: u64) -> Result<BlockHash, E> {
-                Ok(BlockHash(v))
-            }
-            fn visit_i64<E: de::Error>(self, v: i64) -> Result<BlockHash, E> {
-                Ok(BlockHash(v as u64))
-            }
+/// A length read after its marker was seen: only the bytes can be short.
+impl From<ValueReadError<BytesReadError>> for Bad {
+    fn from(_: ValueReadError<BytesReadError>) -> Bad {
+        Bad::Short
+    }
+}
+
+fn number<T>(
+    n: Result<T, NumValueReadError<BytesReadError>>,
+    what: &'static str,
+) -> Result<T, Bad> {
+    n.map_err(|e| match e {
+        NumValueReadError::TypeMismatch(m) => Bad::Type(what, m),
+        NumValueReadError::OutOfRange => Bad::Range(what),
+        _ => Bad::Short,
+    })
+}
+
+/// The payload not read yet.
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    /// The next value's marker, not taken.
+    fn peek(&self) -> Result<Marker, Bad> {
+        self.0
+            .first()
+            .map(|b| Marker::from_u8(*b))
+            .ok_or(Bad::Short)
+    }
+
+    /// The next value is nil: taken.
+    fn nil(&mut self) -> Result<bool, Bad> {
+        let nil = self.peek()? == Marker::Null;
+        if nil {
+            self.0 = &self.0[1..];
         }
-        d.deserialize_any(V)
-    }
-}
-
-impl<'de> Deserialize<'de> for Medium {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let medium: Option<&str> = Deserialize::deserialize(d)?;
-        Ok(match medium {
-            None => Medium::Gpu,
-            Some(m) if m.eq_ignore_ascii_case("gpu") => Medium::Gpu,
-            Some(_) => Medium::Other,
-        })
-    }
-}
-
-/// `lora_name` (a string) or `lora_id` (an integer), either nil.
-fn lora_of(v: Option<LoraField>) -> Option<String> {
-    match v? {
-        LoraField::Name(n) => Some(n),
-        LoraField::Id(id) => Some(format!("#{id}")),
-    }
-}
-
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum LoraField {
-    Name(String),
-    Id(i64),
-}
-
-/// `extra_keys`: nil, or one entry per block, each nil or keys.
-fn any_extra(keys: Option<Vec<Option<IgnoredAny>>>) -> bool {
-    keys.is_some_and(|k| k.iter().any(Option::is_some))
-}
-
-impl<'de> Deserialize<'de> for Event {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(EventVisitor)
-    }
-}
-
-struct EventVisitor;
-
-impl<'de> Visitor<'de> for EventVisitor {
-    type Value = Event;
-
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a KV-cache event (a tagged map or array)")
+        Ok(nil)
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Event, A::Error> {
-        let mut kind: Option<String> = None;
+    /// What rmp's `read` reads off the payload.
+    fn rmp<T>(&mut self, read: impl FnOnce(&mut Bytes<'a>) -> T) -> T {
+        let mut rd = Bytes::new(self.0);
+        let value = read(&mut rd);
+        self.0 = rd.remaining_slice();
+        value
+    }
+
+    fn take(&mut self, n: usize) -> Result<&'a [u8], Bad> {
+        if self.0.len() < n {
+            return Err(Bad::Short);
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+
+    fn array(&mut self) -> Result<usize, Bad> {
+        match self.rmp(mp::read_array_len) {
+            Ok(len) => Ok(len as usize),
+            Err(ValueReadError::TypeMismatch(m)) => Err(Bad::Type("an array", m)),
+            Err(_) => Err(Bad::Short),
+        }
+    }
+
+    fn uint(&mut self, what: &'static str) -> Result<u64, Bad> {
+        number(self.rmp(mp::read_int), what)
+    }
+
+    fn sint(&mut self, what: &'static str) -> Result<i64, Bad> {
+        number(self.rmp(mp::read_int), what)
+    }
+
+    fn str(&mut self) -> Result<&'a str, Bad> {
+        match mp::read_str_from_slice(self.0) {
+            Ok((s, rest)) => {
+                self.0 = rest;
+                Ok(s)
+            }
+            Err(mp::DecodeStringError::InvalidUtf8(..)) => Err(Bad::Utf8),
+            Err(mp::DecodeStringError::TypeMismatch(m)) => Err(Bad::Type("a string", m)),
+            Err(_) => Err(Bad::Short),
+        }
+    }
+
+    /// A list's capacity: what its claimed length could hold in the bytes
+    /// left (a value takes one at least), not what a corrupt length says.
+    fn room(&self, len: usize) -> usize {
+        len.min(self.0.len())
+    }
+
+    /// A length of `bytes` bytes, big-endian, after its marker.
+    fn be(&mut self, bytes: usize) -> Result<usize, Bad> {
+        let b = self.take(bytes)?;
+        Ok(b.iter().fold(0, |v, x| v << 8 | *x as usize))
+    }
+
+    /// Skips `n` values, nested ones with them (without recursion: a
+    /// payload nested deep cannot take the stack).
+    fn skip(&mut self, mut n: usize) -> Result<(), Bad> {
+        while n > 0 {
+            n -= 1;
+            let m = Marker::from_u8(self.take(1)?[0]);
+            let data = match m {
+                Marker::FixArray(len) => {
+                    n += len as usize;
+                    0
+                }
+                Marker::FixMap(len) => {
+                    n += 2 * len as usize;
+                    0
+                }
+                Marker::Array16 => {
+                    n += self.be(2)?;
+                    0
+                }
+                Marker::Array32 => {
+                    n += self.be(4)?;
+                    0
+                }
+                Marker::Map16 => {
+                    n += 2 * self.be(2)?;
+                    0
+                }
+                Marker::Map32 => {
+                    n += 2 * self.be(4)?;
+                    0
+                }
+                Marker::FixStr(len) => len as usize,
+                Marker::Str8 | Marker::Bin8 => self.be(1)?,
+                Marker::Str16 | Marker::Bin16 => self.be(2)?,
+                Marker::Str32 | Marker::Bin32 => self.be(4)?,
+                Marker::U8 | Marker::I8 => 1,
+                Marker::U16 | Marker::I16 => 2,
+                Marker::U32 | Marker::I32 | Marker::F32 => 4,
+                Marker::U64 | Marker::I64 | Marker::F64 => 8,
+                Marker::FixExt1 => 2,
+                Marker::FixExt2 => 3,
+                Marker::FixExt4 => 5,
+                Marker::FixExt8 => 9,
+                Marker::FixExt16 => 17,
+                Marker::Ext8 => self.be(1)? + 1,
+                Marker::Ext16 => self.be(2)? + 1,
+                Marker::Ext32 => self.be(4)? + 1,
+                Marker::Reserved => return Err(Bad::Type("a value", m)),
+                _ => 0, // nil, booleans, fixed integers
+            };
+            self.take(data)?;
+        }
+        Ok(())
+    }
+
+    /// `[ts, events, data_parallel_rank?]`.
+    fn batch(&mut self) -> Result<Vec<Event>, Bad> {
+        let len = self.array()?;
+        if len < 2 {
+            return Err(Bad::Batch);
+        }
+        self.skip(1)?;
+        let n = self.array()?;
+        let mut events = Vec::with_capacity(self.room(n));
+        for _ in 0..n {
+            events.push(self.event()?);
+        }
+        self.skip(len - 2)?;
+        Ok(events)
+    }
+
+    /// An event: a map tagged by `type`, or an array, its tag first.
+    fn event(&mut self) -> Result<Event, Bad> {
         let mut stored = Stored::default();
         let (mut lora_name, mut lora_id) = (None, None);
-        while let Some(key) = map.next_key::<&str>()? {
-            match key {
-                "type" => kind = Some(map.next_value()?),
-                "block_hashes" => stored.hashes = map.next_value()?,
-                "parent_block_hash" => stored.parent = map.next_value()?,
-                "token_ids" => stored.token_ids = map.next_value()?,
-                "block_size" => stored.block_size = map.next_value()?,
-                "lora_id" => lora_id = map.next_value()?,
-                "lora_name" => lora_name = map.next_value()?,
-                "medium" => stored.medium = map.next_value()?,
-                "extra_keys" => stored.extra_keys = any_extra(map.next_value()?),
-                _ => {
-                    map.next_value::<IgnoredAny>()?;
+        let kind = match self.peek()? {
+            Marker::FixMap(_) | Marker::Map16 | Marker::Map32 => {
+                let mut kind = None;
+                for _ in 0..self.rmp(mp::read_map_len)? {
+                    match self.str()? {
+                        "type" => kind = Some(self.str()?),
+                        "block_hashes" => stored.hashes = self.hashes()?,
+                        "parent_block_hash" => stored.parent = self.maybe(Self::hash)?,
+                        "token_ids" => stored.token_ids = self.token_ids()?,
+                        "block_size" => stored.block_size = self.block_size()?,
+                        "lora_id" => lora_id = self.maybe(Self::lora)?,
+                        "lora_name" => lora_name = self.maybe(Self::lora)?,
+                        "medium" => stored.medium = self.medium()?,
+                        "extra_keys" => stored.extra_keys = self.extra_keys()?,
+                        _ => self.skip(1)?,
+                    }
                 }
+                kind
             }
-        }
-        stored.lora = lora_of(lora_name).or_else(|| lora_of(lora_id));
-        Ok(event_of(kind.as_deref(), stored))
+            _ => {
+                let len = self.array()?;
+                let kind = match len {
+                    0 => None,
+                    _ => Some(self.str()?),
+                };
+                // The fields in their order, as many as were sent.
+                let mut left = len.saturating_sub(1);
+                let mut next = |r: &mut Self| {
+                    let more = left > 0;
+                    left = left.saturating_sub(1);
+                    more && !r.nil().unwrap_or(false)
+                };
+                match kind.unwrap_or_default() {
+                    "BlockStored" => {
+                        if next(self) {
+                            stored.hashes = self.hashes()?;
+                        }
+                        if next(self) {
+                            stored.parent = Some(self.hash()?);
+                        }
+                        if next(self) {
+                            stored.token_ids = self.token_ids()?;
+                        }
+                        if next(self) {
+                            stored.block_size = self.block_size()?;
+                        }
+                        if next(self) {
+                            lora_id = Some(self.lora()?);
+                        }
+                        if next(self) {
+                            stored.medium = self.medium()?;
+                        }
+                        if next(self) {
+                            lora_name = Some(self.lora()?);
+                        }
+                    }
+                    "BlockRemoved" => {
+                        if next(self) {
+                            stored.hashes = self.hashes()?;
+                        }
+                        if next(self) {
+                            stored.medium = self.medium()?;
+                        }
+                    }
+                    _ => {}
+                }
+                self.skip(left)?;
+                kind
+            }
+        };
+        stored.lora = lora_name.or(lora_id);
+        Ok(event_of(kind, stored))
     }
 
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Event, A::Error> {
-        let kind: String = seq
-            .next_element()?
-            .ok_or_else(|| de::Error::invalid_length(0, &self))?;
-        let mut stored = Stored::default();
-        match kind.as_str() {
-            "BlockStored" => {
-                stored.hashes = seq.next_element()?.unwrap_or_default();
-                stored.parent = seq.next_element()?.flatten();
-                stored.token_ids = seq.next_element()?.unwrap_or_default();
-                stored.block_size = seq.next_element()?.unwrap_or_default();
-                let lora_id = seq.next_element()?.flatten();
-                stored.medium = seq.next_element()?.unwrap_or_default();
-                let lora_name = seq.next_element()?.flatten();
-                stored.lora = lora_of(lora_name).or_else(|| lora_of(lora_id));
-            }
-            "BlockRemoved" => {
-                stored.hashes = seq.next_element()?.unwrap_or_default();
-                stored.medium = seq.next_element()?.unwrap_or_default();
-            }
-            _ => {}
+    /// Nil, or what `read` reads.
+    fn maybe<T>(&mut self, read: fn(&mut Self) -> Result<T, Bad>) -> Result<Option<T>, Bad> {
+        if self.nil()? {
+            return Ok(None);
         }
-        while seq.next_element::<IgnoredAny>()?.is_some() {}
-        Ok(event_of(Some(&kind), stored))
+        read(self).map(Some)
+    }
+
+    /// A block hash: bytes (a digest, hashed down) or an integer.
+    fn hash(&mut self) -> Result<BlockHash, Bad> {
+        match self.peek()? {
+            Marker::Bin8 | Marker::Bin16 | Marker::Bin32 => {
+                let len = self.rmp(mp::read_bin_len)? as usize;
+                Ok(BlockHash(xxh3_64(self.take(len)?)))
+            }
+            Marker::FixNeg(_) | Marker::I8 | Marker::I16 | Marker::I32 | Marker::I64 => {
+                Ok(BlockHash(self.sint("a block hash")? as u64))
+            }
+            _ => self
+                .uint("a block hash (bytes or an integer)")
+                .map(BlockHash),
+        }
+    }
+
+    fn hashes(&mut self) -> Result<Vec<BlockHash>, Bad> {
+        let n = self.array()?;
+        let mut hashes = Vec::with_capacity(self.room(n));
+        for _ in 0..n {
+            hashes.push(self.hash()?);
+        }
+        Ok(hashes)
+    }
+
+    /// A block's token ids: read inline in the forms msgpack writes them
+    /// (a positive fixint, uint 8, 16 or 32: most of an event's bytes),
+    /// any other by rmp.
+    fn token_ids(&mut self) -> Result<Vec<u32>, Bad> {
+        let n = self.array()?;
+        let mut ids = Vec::with_capacity(self.room(n));
+        for _ in 0..n {
+            let (id, len) = match *self.0 {
+                [b, ..] if b < 0x80 => (b as u32, 1),
+                [0xcc, b, ..] => (b as u32, 2),
+                [0xcd, b0, b1, ..] => (u16::from_be_bytes([b0, b1]) as u32, 3),
+                [0xce, b0, b1, b2, b3, ..] => (u32::from_be_bytes([b0, b1, b2, b3]), 5),
+                _ => {
+                    let id = self.uint("a token id")?;
+                    (u32::try_from(id).map_err(|_| Bad::Range("a token id"))?, 0)
+                }
+            };
+            self.0 = &self.0[len..];
+            ids.push(id);
+        }
+        Ok(ids)
+    }
+
+    fn block_size(&mut self) -> Result<usize, Bad> {
+        let size = self.uint("block_size")?;
+        usize::try_from(size).map_err(|_| Bad::Range("block_size"))
+    }
+
+    /// `lora_name` (a string) or `lora_id` (an integer).
+    fn lora(&mut self) -> Result<String, Bad> {
+        match self.peek()? {
+            Marker::FixStr(_) | Marker::Str8 | Marker::Str16 | Marker::Str32 => {
+                self.str().map(str::to_owned)
+            }
+            _ => Ok(format!("#{}", self.sint("a LoRA name or id")?)),
+        }
+    }
+
+    /// Nil or a string: the GPU's or another tier's.
+    fn medium(&mut self) -> Result<Medium, Bad> {
+        Ok(match self.maybe(Self::str)? {
+            Some(m) if !m.eq_ignore_ascii_case("gpu") => Medium::Other,
+            _ => Medium::Gpu,
+        })
+    }
+
+    /// `extra_keys`: nil, or one entry per block, each nil or keys.
+    fn extra_keys(&mut self) -> Result<bool, Bad> {
+        if self.nil()? {
+            return Ok(false);
+        }
+        let mut any = false;
+        for _ in 0..self.array()? {
+            if !self.nil()? {
+                any = true;
+                self.skip(1)?;
+            }
+        }
+        Ok(any)
     }
 }
 
