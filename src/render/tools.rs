@@ -31,41 +31,61 @@ use super::Unrendered;
 /// JSON text (and a Messages request's tools added and removed by its
 /// blocks): an agent sends the same list with every request, so it is
 /// read, converted and written by `tojson` once, not per request.
-#[derive(Default)]
 pub(super) struct Lists {
     kept: Mutex<Kept>,
 }
 
-/// Lists kept at most: past it, the least recently used goes. A list not
-/// kept is converted again, by a render thread.
+/// Lists kept at most, and their JSON's bytes at most (a coding agent's
+/// list is 20 to 70 KB; converted, several times that): past either, the
+/// least recently used go. A list not kept is converted again, by a
+/// render thread; one larger than the bytes alone is never kept.
 const KEPT: usize = 256;
+const KEPT_BYTES: usize = 8 << 20;
 
-#[derive(Default)]
+impl Default for Lists {
+    fn default() -> Self {
+        Lists::bounded(KEPT, KEPT_BYTES)
+    }
+}
+
 struct Kept {
-    /// Each list, and when it was last used (`clock`).
-    lists: HashMap<u64, (Arc<[Value]>, u64)>,
+    /// Each list, when it was last used (`clock`), and its JSON's bytes.
+    lists: HashMap<u64, (Arc<[Value]>, u64, usize)>,
     clock: u64,
+    bytes: usize,
+    max_lists: usize,
+    max_bytes: usize,
 }
 
 impl Kept {
     fn get(&mut self, key: u64) -> Option<Arc<[Value]>> {
         self.clock += 1;
-        let (list, used) = self.lists.get_mut(&key)?;
+        let (list, used, _) = self.lists.get_mut(&key)?;
         *used = self.clock;
         Some(list.clone())
     }
 
-    fn keep(&mut self, key: u64, list: Arc<[Value]>) {
-        if self.lists.len() >= KEPT && !self.lists.contains_key(&key) {
+    fn keep(&mut self, key: u64, list: Arc<[Value]>, bytes: usize) {
+        if bytes > self.max_bytes {
+            return;
+        }
+        if let Some((_, _, had)) = self.lists.remove(&key) {
+            self.bytes -= had;
+        }
+        while self.lists.len() >= self.max_lists || self.bytes + bytes > self.max_bytes {
             // A scan of the kept lists, once a new list is converted: rare
             // beside the lookups.
-            let oldest = self.lists.iter().min_by_key(|(_, (_, used))| *used);
-            if let Some(oldest) = oldest.map(|(key, _)| *key) {
-                self.lists.remove(&oldest);
+            let oldest = self.lists.iter().min_by_key(|(_, (_, used, _))| *used);
+            let Some(oldest) = oldest.map(|(key, _)| *key) else {
+                break;
+            };
+            if let Some((_, _, had)) = self.lists.remove(&oldest) {
+                self.bytes -= had;
             }
         }
         self.clock += 1;
-        self.lists.insert(key, (list, self.clock));
+        self.bytes += bytes;
+        self.lists.insert(key, (list, self.clock, bytes));
     }
 }
 
@@ -107,6 +127,19 @@ impl Tools {
 }
 
 impl Lists {
+    /// At most `lists` lists and `bytes` of their JSON kept.
+    fn bounded(lists: usize, bytes: usize) -> Self {
+        Lists {
+            kept: Mutex::new(Kept {
+                lists: HashMap::new(),
+                clock: 0,
+                bytes: 0,
+                max_lists: lists.max(1),
+                max_bytes: bytes,
+            }),
+        }
+    }
+
     /// The list `raw` of an API's `form`, converted by `convert`: kept, or
     /// new, to be kept once converted.
     pub fn get(&self, form: Form, raw: &RawValue, convert: Convert) -> Tools {
@@ -126,7 +159,8 @@ impl Lists {
         let raw = raw.to_owned();
         Tools::New(Box::new(move |lists: &Lists| {
             let list: Arc<[Value]> = wrapped(convert(parse(&raw)?)?);
-            lists.kept.lock().unwrap().keep(key, list.clone());
+            let bytes = raw.get().len();
+            lists.kept.lock().unwrap().keep(key, list.clone(), bytes);
             Ok(list)
         }))
     }
@@ -459,6 +493,35 @@ mod tests {
         assert!(!get(0).is_new());
         assert!(get(1).is_new());
         assert!(!get(2).is_new());
+    }
+
+    #[test]
+    fn past_its_bytes_the_least_recently_used_lists_go() {
+        // Lists of 1,000 bytes and more; at most 2,500 bytes kept.
+        let lists = Lists::bounded(KEPT, 2_500);
+        let raw = |i: usize, len: usize| -> Box<RawValue> {
+            let name = format!("t{i}{}", "x".repeat(len));
+            let list = format!(r#"[{{"type":"function","function":{{"name":"{name}"}}}}]"#);
+            RawValue::from_string(list).unwrap()
+        };
+        let convert: Convert = |list| list.iter().map(chat_tool).collect();
+        let get = |i: usize, len: usize| lists.get(Form::Chat, &raw(i, len), convert);
+        for i in 0..2 {
+            assert!(get(i, 1_000).converted(&lists).is_ok());
+        }
+        assert!(!get(0, 1_000).is_new());
+        assert!(!get(1, 1_000).is_new());
+        // A third: the least recently used goes for it.
+        assert!(get(0, 1_000).converted(&lists).is_ok());
+        assert!(get(2, 1_000).converted(&lists).is_ok());
+        assert!(!get(2, 1_000).is_new());
+        assert!(!get(0, 1_000).is_new());
+        assert!(get(1, 1_000).is_new());
+        // One larger than the bound alone is not kept, and evicts nothing.
+        assert!(get(3, 3_000).converted(&lists).is_ok());
+        assert!(get(3, 3_000).is_new());
+        assert!(!get(0, 1_000).is_new());
+        assert!(!get(2, 1_000).is_new());
     }
 
     fn json(text: &str) -> Value {
