@@ -427,6 +427,24 @@ def sched_ns(pid: int) -> int:
     return total
 
 
+# The gateway's threads by what they do (their names, /proc/PID/task/TID/comm).
+THREAD_GROUPS = (("events", "BG kv events"), ("render", "poimen-render"), ("proxy", "Pingora HTTP"))
+
+
+def sched_by_group(pid: int) -> dict[str, float]:
+    """CPU µs of a process's threads by THREAD_GROUPS (the rest: other)."""
+    out = {g: 0.0 for g, _ in THREAD_GROUPS} | {"other": 0.0}
+    for t in os.listdir(f"/proc/{pid}/task"):
+        try:
+            name = Path(f"/proc/{pid}/task/{t}/comm").read_text().strip()
+            ns = int(Path(f"/proc/{pid}/task/{t}/schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+        group = next((g for g, prefix in THREAD_GROUPS if name.startswith(prefix)), "other")
+        out[group] += ns / 1e3
+    return out
+
+
 class Meter:
     """CPU over a phase: the gateway's, the sims', this process's, wrk's and
     the rest of the machine's."""
@@ -437,14 +455,15 @@ class Meter:
     def read(self) -> dict:
         ch = resource.getrusage(resource.RUSAGE_CHILDREN)
         return {"t": time.monotonic(), "gw": C.cpu_ticks(self.gw_pid) * 1e6 / C.CLK_TCK,
-                "gw_ns": sched_ns(self.gw_pid) / 1e3,
+                "gw_ns": sched_ns(self.gw_pid) / 1e3, "groups": sched_by_group(self.gw_pid),
                 "sims": sum(C.cpu_ticks(p) for p in self.sim_pids) * 1e6 / C.CLK_TCK,
                 "me": time.process_time() * 1e6, "kids": (ch.ru_utime + ch.ru_stime) * 1e6,
                 "busy": C.system_busy_us()}
 
     @staticmethod
     def diff(r1: dict, r0: dict) -> dict:
-        d = {k: r1[k] - r0[k] for k in r0}
+        d = {k: r1[k] - r0[k] for k in r0 if k != "groups"}
+        d["groups"] = {g: r1["groups"][g] - r0["groups"][g] for g in r0["groups"]}
         secs = d.pop("t")
         ours = d["gw_ns"] + d["sims"] + d["me"] + d["kids"]
         d["foreign_cores"] = max(0.0, d["busy"] - ours) / 1e6 / secs
@@ -518,6 +537,7 @@ async def cpu_phase(port: int, mport: int, meter: Meter, bodies, conc: int) -> d
     n = max(1, res["n"])
     return {"n": res["n"], "statuses": res["statuses"], "gw_us_per_req": d["gw"] / n,
             "gw_ns_us_per_req": d["gw_ns"] / n,
+            "threads_us_per_req": {g: v / n for g, v in d["groups"].items()},
             "sims_us_per_req": d["sims"] / n, "client_us_per_req": d["me"] / n, "rps": res["n"] / load_secs,
             "foreign_cores": d["foreign_cores"], "p50_ms": C.pct(res["lat"], 50) * 1e3,
             "p99_ms": C.pct(res["lat"], 99) * 1e3, "body_bytes": res["body_bytes"], "counters": delta(c1, c0),
@@ -644,8 +664,9 @@ async def run_mode(mode: str, rnd: int, a, procs: C.Procs, bins: Path, wd: Path,
                         yield new_conversation(f"{tag}new{k[0]}", text, a.new_kb * 1024, a.msg_bytes)
                 r = await cpu_phase(port, mport, meter, timed(news(), a.new_secs), a.conc)
             out[case] = r
+            threads = " ".join(f"{g} {v:.0f}" for g, v in r["threads_us_per_req"].items())
             print(f"  {mode:13s} {case:11s} {r['n']:5d} req  {r['rps']:7.1f} req/s  gateway "
-                  f"{r['gw_us_per_req']:8.1f} us/req  {r['counters']}", flush=True)
+                  f"{r['gw_us_per_req']:8.1f} us/req ({threads})  {r['counters']}", flush=True)
         if a.hol_secs > 0:
             per_phase = a.small_clients * a.hol_secs * 1000 / a.small_interval_ms
             n = int(per_phase * 2.6 / a.turns_1k / a.small_clients + 1) * a.small_clients
@@ -787,6 +808,19 @@ def report(a, argv: list[str], bins: Path, tok: Path, tools: list[dict], files: 
                 w(f"| {case} | {m} | " + " | ".join(
                     f"{res[r][m][case]['gw_us_per_req']:,.1f}; {res[r][m][case]['foreign_cores']:.2f}"
                     for r in range(R)) + " |")
+        w("")
+        groups = [g for g, _ in THREAD_GROUPS] + ["other"]
+        w("The gateway's CPU µs/req by thread (the scheduler's count, /proc/PID/task/*/schedstat; medians over the "
+          "rounds): `events` the KV-cache events' thread, `render` the render threads, `proxy` Pingora's worker "
+          "threads (a small turn renders there), `other` the rest (log writer, timers, metrics):")
+        w("")
+        w("| case | mode | " + " | ".join(groups) + " |")
+        w("|---|---|" + "---:|" * len(groups))
+        for case in cases:
+            for m in modes:
+                w(f"| {case} | {m} | " + " | ".join(
+                    f"{C.median([res[r][m][case]['threads_us_per_req'][g] for r in range(R)]):,.1f}"
+                    for g in groups) + " |")
         w("")
         w("What the gateway counted in the measured phases of round 1 (`poimen_gateway_prompts_rendered_total` by "
           "result; `poimen_gateway_kv_event_blocks_total` by kind), and the answers' statuses:")
