@@ -245,7 +245,7 @@ impl Admission {
         if st.running < st.slot_limit(self.limits, now) && st.line.is_empty() {
             st.running += 1;
             self.publish(st);
-            return Ok(Ticket::Ready(Permit::new(self, charge)));
+            return Ok(Ticket::Ready(Permit::new(self, charge, now)));
         }
         let displaced = st
             .line
@@ -332,7 +332,7 @@ impl Admission {
                 grant: Some(grant),
                 ..w.charge
             };
-            let _ = w.tx.send(Permit::new(self, charge));
+            let _ = w.tx.send(Permit::new(self, charge, Instant::now()));
         }
     }
 
@@ -357,11 +357,11 @@ pub struct Permit {
 }
 
 impl Permit {
-    fn new(admission: &Arc<Admission>, charge: Charge) -> Self {
+    fn new(admission: &Arc<Admission>, charge: Charge, granted: Instant) -> Self {
         Permit {
             admission: admission.clone(),
             charge: Some(charge),
-            granted: Instant::now(),
+            granted,
         }
     }
 

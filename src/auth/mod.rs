@@ -16,7 +16,7 @@ pub mod test_keys;
 
 use std::sync::Arc;
 
-use http::HeaderMap;
+use http::{HeaderMap, HeaderName};
 use sha2::{Digest, Sha256};
 
 use crate::tenants;
@@ -84,7 +84,7 @@ impl std::fmt::Display for Reason {
 }
 
 /// The header Anthropic's clients send their credential in.
-pub const X_API_KEY: &str = "x-api-key";
+pub const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
 
 /// The credential a request carries: `Authorization: Bearer <credential>`,
 /// else `x-api-key: <credential>` (what Anthropic's SDKs send).

@@ -11,7 +11,7 @@ use pingora::proxy::Session;
 
 use super::respond::{until_client_leaves, Stop};
 use super::{stored, Attempt, Gateway};
-use crate::admission::{AdmitError, Class, Demand, Share};
+use crate::admission::{AdmitError, Class, Demand, Share, Ticket};
 use crate::api::Api;
 use crate::config::Overflow;
 use crate::errors::ApiError;
@@ -89,13 +89,19 @@ impl Gateway {
         };
         let expected_tokens = plan.expected_tokens(candidate.addr);
         plan.admitted(candidate);
-        let waited = Instant::now();
-        let permit = until_client_leaves(session, ticket.wait(self.config.queue_timeout))
-            .await?
-            // Waited too long, or its place went to a tenant within its
-            // share (`admission::fair`).
-            .map_err(|e| refused(pool, &members, &candidate.addr, tenant, e))?;
-        let queued = waited.elapsed();
+        let (permit, queued) = match ticket {
+            // The clock is read only for a wait.
+            Ticket::Ready(permit) => (permit, Duration::ZERO),
+            queued => {
+                let waited = Instant::now();
+                let permit = until_client_leaves(session, queued.wait(self.config.queue_timeout))
+                    .await?
+                    // Waited too long, or its place went to a tenant within
+                    // its share (`admission::fair`).
+                    .map_err(|e| refused(pool, &members, &candidate.addr, tenant, e))?;
+                (permit, waited.elapsed())
+            }
+        };
         metrics::QUEUE_WAIT.observe(queued.as_secs_f64());
         Ok(Attempt {
             members,

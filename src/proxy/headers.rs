@@ -1,7 +1,7 @@
 //! The gateway's request headers: the cache key and the warmup marker it
 //! reads, and the headers it sends upstream in their place.
 
-use http::HeaderValue;
+use http::{HeaderName, HeaderValue};
 use pingora::http::RequestHeader;
 
 use crate::admission::load_report;
@@ -9,8 +9,9 @@ use crate::api::Api;
 use crate::auth;
 use crate::errors::ApiError;
 
-pub const CACHE_KEY: &str = "x-poimen-cache-key";
-pub const WARMUP: &str = "x-poimen-warmup";
+// Names parsed once: a lookup by a name given as text parses it first.
+pub const CACHE_KEY: HeaderName = HeaderName::from_static("x-poimen-cache-key");
+pub const WARMUP: HeaderName = HeaderName::from_static("x-poimen-warmup");
 
 /// The `X-Poimen-Cache-Key`, if present and non-empty. Two different values
 /// cannot both be honoured, so they are refused.
@@ -82,7 +83,7 @@ pub fn rewrite_upstream(upstream: &mut RequestHeader, to: &Upstream) -> pingora:
     if chunked || !kept {
         upstream.insert_header(http::header::CONTENT_LENGTH, HeaderValue::from(to.body_len))?;
     }
-    upstream.remove_header(WARMUP);
+    upstream.remove_header(&WARMUP);
     if to.warmup {
         upstream.insert_header("X-Priority", "low")?;
         if let Some(p) = to.vllm_priority {
@@ -90,7 +91,7 @@ pub fn rewrite_upstream(upstream: &mut RequestHeader, to: &Upstream) -> pingora:
         }
     }
     upstream.remove_header(&http::header::AUTHORIZATION);
-    upstream.remove_header(auth::X_API_KEY);
+    upstream.remove_header(&auth::X_API_KEY);
     if let Some(header) = to.tenant_header {
         upstream.remove_header(header);
     }
@@ -122,13 +123,19 @@ mod tests {
     #[test]
     fn warmup_marker_values_and_endpoints() {
         for v in ["true", "TRUE", "True", "1"] {
-            assert!(warm("/v1/chat/completions", &[(WARMUP, v)]), "{v}");
-            assert!(warm("/v1/completions", &[(WARMUP, v)]), "{v}");
+            assert!(
+                warm("/v1/chat/completions", &[("x-poimen-warmup", v)]),
+                "{v}"
+            );
+            assert!(warm("/v1/completions", &[("x-poimen-warmup", v)]), "{v}");
         }
         for v in ["false", "0", "yes", ""] {
-            assert!(!warm("/v1/chat/completions", &[(WARMUP, v)]), "{v}");
+            assert!(
+                !warm("/v1/chat/completions", &[("x-poimen-warmup", v)]),
+                "{v}"
+            );
         }
-        assert!(!warm("/v1/embeddings", &[(WARMUP, "true")]));
+        assert!(!warm("/v1/embeddings", &[("x-poimen-warmup", "true")]));
         assert!(!warm("/v1/chat/completions", &[]));
     }
 
@@ -144,7 +151,7 @@ mod tests {
             load_report: true,
         };
         let client = [
-            (WARMUP, "true"),
+            ("x-poimen-warmup", "true"),
             ("transfer-encoding", "chunked"),
             ("authorization", "Bearer client"),
             ("x-api-key", "client"),
@@ -161,7 +168,7 @@ mod tests {
         for gone in ["transfer-encoding", "x-api-key", "x-tenant"] {
             assert!(r.headers.get(gone).is_none(), "{gone}");
         }
-        let mut r = req("/v1/embeddings", &[(WARMUP, "true")]);
+        let mut r = req("/v1/embeddings", &[("x-poimen-warmup", "true")]);
         rewrite_upstream(&mut r, &to(false)).unwrap();
         assert!(r.headers.get(WARMUP).is_none());
         assert!(r.headers.get("x-priority").is_none());
@@ -197,7 +204,8 @@ mod tests {
     #[test]
     fn conflicting_cache_keys_are_refused() {
         let k = |vals: &[&str]| {
-            let headers: Vec<(&str, &str)> = vals.iter().map(|v| (CACHE_KEY, *v)).collect();
+            let headers: Vec<(&str, &str)> =
+                vals.iter().map(|v| ("x-poimen-cache-key", *v)).collect();
             cache_key(&req("/v1/completions", &headers))
         };
         assert!(k(&[]).unwrap().is_none());

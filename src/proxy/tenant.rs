@@ -34,7 +34,7 @@ impl Held {
     pub fn end(&mut self, usage: Usage) {
         if let Some(budget) = self.budget.take() {
             let tokens = usage.prompt_tokens.unwrap_or(0) + usage.completion_tokens.unwrap_or(0);
-            budget.charge(tokens, Instant::now());
+            budget.charge(tokens, Instant::now);
             self.tenant.series().in_flight().dec();
         }
     }
@@ -79,7 +79,7 @@ impl Gateway {
     /// Check `tenant`'s budgets for one more request: 429 at once when it
     /// is at or over one.
     pub(super) fn hold(&self, tenant: &Arc<Tenant>) -> Result<Held, ApiError> {
-        let budget = tenant.admit(Instant::now()).map_err(|refusal| {
+        let budget = tenant.admit(Instant::now).map_err(|refusal| {
             let limit = refusal.limit.as_str();
             rejected(tenant.label(), limit);
             ApiError::OverBudget {

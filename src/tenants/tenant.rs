@@ -62,12 +62,14 @@ impl Tenant {
         &self.share
     }
 
-    /// Admit a request at `now`, or refuse it taking nothing; see the
-    /// module doc for the order of the checks.
-    pub fn admit(self: &Arc<Self>, now: Instant) -> Result<InFlight, Refusal> {
+    /// Admit a request at the time `now` gives, or refuse it taking
+    /// nothing; see the module doc for the order of the checks. The clock
+    /// is read only for a tenant with limits.
+    pub fn admit(self: &Arc<Self>, now: impl FnOnce() -> Instant) -> Result<InFlight, Refusal> {
         if self.limits.is_unlimited() {
             return Ok(InFlight { tenant: None });
         }
+        let now = now();
         let mut st = self.lock();
         if self
             .limits
@@ -119,13 +121,13 @@ pub struct InFlight {
 }
 
 impl InFlight {
-    /// The request ended at `now` having used `tokens` (prompt + completion,
-    /// as vLLM reported them): charge them to `tokens_per_minute` and free
-    /// the place in flight.
-    pub fn charge(self, tokens: u64, now: Instant) {
+    /// The request ended at the time `now` gives having used `tokens`
+    /// (prompt + completion, as vLLM reported them): charge them to
+    /// `tokens_per_minute` and free the place in flight.
+    pub fn charge(self, tokens: u64, now: impl FnOnce() -> Instant) {
         if let Some(t) = &self.tenant {
             if let Some(b) = &mut t.lock().tokens {
-                b.take(tokens, now);
+                b.take(tokens, now());
             }
         }
     }

@@ -29,14 +29,14 @@ fn rpm(n: u32) -> Budget {
 }
 
 fn refusal(t: &Arc<Tenant>, now: Instant) -> (Limit, Duration) {
-    let r = t.admit(now).expect_err("expected a refusal");
+    let r = t.admit(|| now).expect_err("expected a refusal");
     (r.limit, r.retry_after)
 }
 
 /// Admit `n` requests at `now`, each ended at once.
 fn admit_n(t: &Arc<Tenant>, n: usize, now: Instant) {
     for i in 0..n {
-        let guard = t.admit(now);
+        let guard = t.admit(|| now);
         assert!(guard.is_ok(), "request {i} of {n} refused: {guard:?}");
     }
 }
@@ -53,7 +53,7 @@ fn rpm_burst_then_one_a_second() {
     // Sustained: one a second, never two.
     for s in 2..10 {
         admit_n(&t, 1, t0 + s * SEC);
-        assert!(t.admit(t0 + s * SEC).is_err());
+        assert!(t.admit(|| t0 + s * SEC).is_err());
     }
 }
 
@@ -66,7 +66,7 @@ fn no_double_burst_at_a_minute_edge() {
     admit_n(&t, 60, edge - 500 * MS);
     assert_eq!(refusal(&t, edge), (Limit::RequestsPerMinute, 500 * MS));
     admit_n(&t, 1, edge + 500 * MS);
-    assert!(t.admit(edge + 500 * MS).is_err());
+    assert!(t.admit(|| edge + 500 * MS).is_err());
 }
 
 #[test]
@@ -77,12 +77,12 @@ fn tokens_charged_afterwards_overdraw_and_are_paid_back_exactly() {
     });
     let t0 = Instant::now();
     // A balance of 600 admits however many start together.
-    let a = t.admit(t0).unwrap();
-    let b = t.admit(t0).unwrap();
+    let a = t.admit(|| t0).unwrap();
+    let b = t.admit(|| t0).unwrap();
     // Charged 30 s later: the bucket stayed full meanwhile (600, not 900),
     // so 1000 leaves a debt of 400, paid back at 10 a second.
     let t1 = t0 + Duration::from_secs(30);
-    a.charge(1000, t1);
+    a.charge(1000, || t1);
     let wait = Duration::from_secs(40);
     assert_eq!(refusal(&t, t1), (Limit::TokensPerMinute, wait));
     assert_eq!(
@@ -90,7 +90,7 @@ fn tokens_charged_afterwards_overdraw_and_are_paid_back_exactly() {
         (Limit::TokensPerMinute, Duration::from_nanos(1))
     );
     // The second request was still running and ends now, charging 5 more.
-    b.charge(5, t1 + wait);
+    b.charge(5, || t1 + wait);
     assert_eq!(refusal(&t, t1 + wait), (Limit::TokensPerMinute, 500 * MS));
     admit_n(&t, 1, t1 + wait + 500 * MS);
 }
@@ -102,11 +102,11 @@ fn max_in_flight_frees_when_a_guard_drops() {
         ..Budget::default()
     });
     let t0 = Instant::now();
-    let a = t.admit(t0).unwrap();
-    let _b = t.admit(t0).unwrap();
+    let a = t.admit(|| t0).unwrap();
+    let _b = t.admit(|| t0).unwrap();
     assert_eq!(refusal(&t, t0), (Limit::MaxInFlight, IN_FLIGHT_RETRY));
     drop(a);
-    let _c = t.admit(t0).unwrap();
+    let _c = t.admit(|| t0).unwrap();
     assert_eq!(refusal(&t, t0), (Limit::MaxInFlight, IN_FLIGHT_RETRY));
 }
 
@@ -118,20 +118,20 @@ fn a_refused_request_takes_nothing() {
         tokens_per_minute: None,
     });
     let t0 = Instant::now();
-    let a = t.admit(t0).unwrap();
+    let a = t.admit(|| t0).unwrap();
     for _ in 0..5 {
         assert_eq!(refusal(&t, t0).0, Limit::MaxInFlight);
     }
     drop(a);
     // The five refusals took none of the two requests a minute.
-    let b = t.admit(t0).unwrap();
+    let b = t.admit(|| t0).unwrap();
     drop(b);
     assert_eq!(
         refusal(&t, t0),
         (Limit::RequestsPerMinute, Duration::from_secs(30))
     );
     // Nor a place in flight.
-    let _c = t.admit(t0 + Duration::from_secs(30)).unwrap();
+    let _c = t.admit(|| t0 + Duration::from_secs(30)).unwrap();
 }
 
 #[test]
@@ -144,11 +144,11 @@ fn limits_are_checked_in_order() {
     let t0 = Instant::now();
     // The one request a minute, charged 180 tokens of 60: 120 in debt, paid
     // back at one a second.
-    t.admit(t0).unwrap().charge(180, t0);
+    t.admit(|| t0).unwrap().charge(180, || t0);
     let min = Duration::from_secs(60);
     assert_eq!(refusal(&t, t0), (Limit::RequestsPerMinute, min));
     assert_eq!(refusal(&t, t0 + min), (Limit::TokensPerMinute, min));
-    let _held = t.admit(t0 + 2 * min).unwrap();
+    let _held = t.admit(|| t0 + 2 * min).unwrap();
     // All three are over now; the place in flight is named.
     assert_eq!(refusal(&t, t0 + 2 * min).0, Limit::MaxInFlight);
 }
@@ -225,12 +225,12 @@ fn other_is_reserved() {
 fn a_tenant_without_limits_is_always_admitted_without_a_lock() {
     let t = tenant(Budget::default());
     let now = Instant::now();
-    let guards: Vec<InFlight> = (0..10_000).map(|_| t.admit(now).unwrap()).collect();
+    let guards: Vec<InFlight> = (0..10_000).map(|_| t.admit(|| now).unwrap()).collect();
     // The guards hold no reference to the tenant: admitting, charging and
     // dropping them touch no lock.
     assert_eq!(Arc::strong_count(&t), 1);
     for g in guards {
-        g.charge(u64::MAX, now);
+        g.charge(u64::MAX, || now);
     }
     admit_n(&t, 1, now);
 }
@@ -251,7 +251,7 @@ fn concurrent_admissions_never_exceed_the_limit() {
     let now = Instant::now();
     let admitted: usize = std::thread::scope(|s| {
         let handles: Vec<_> = (0..4)
-            .map(|_| s.spawn(|| (0..500).filter(|_| t.admit(now).is_ok()).count()))
+            .map(|_| s.spawn(|| (0..500).filter(|_| t.admit(|| now).is_ok()).count()))
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).sum()
     });
