@@ -92,9 +92,9 @@ impl Gateway {
         let (permit, queued) = match ticket {
             // The clock is read only for a wait.
             Ticket::Ready(permit) => (permit, Duration::ZERO),
-            queued => {
+            ticket => {
                 let waited = Instant::now();
-                let permit = until_client_leaves(session, queued.wait(self.config.queue_timeout))
+                let permit = until_client_leaves(session, ticket.wait(self.config.queue_timeout))
                     .await?
                     // Waited too long, or its place went to a tenant within
                     // its share (`admission::fair`).
