@@ -415,24 +415,14 @@ def threads_named(pid: int) -> dict[str, int]:
     return names
 
 
-def sched_ns(pid: int) -> int:
-    """CPU time of a process's threads in ns (the scheduler's own count,
-    /proc/PID/task/TID/schedstat): a check on utime+stime's clock ticks."""
-    total = 0
-    for t in os.listdir(f"/proc/{pid}/task"):
-        try:
-            total += int(Path(f"/proc/{pid}/task/{t}/schedstat").read_text().split()[0])
-        except (OSError, ValueError, IndexError):
-            pass
-    return total
-
-
 # The gateway's threads by what they do (their names, /proc/PID/task/TID/comm).
 THREAD_GROUPS = (("events", "BG kv events"), ("render", "poimen-render"), ("proxy", "Pingora HTTP"))
 
 
 def sched_by_group(pid: int) -> dict[str, float]:
-    """CPU µs of a process's threads by THREAD_GROUPS (the rest: other)."""
+    """CPU µs of a process's threads by THREAD_GROUPS (the rest: other): the
+    scheduler's own count (/proc/PID/task/TID/schedstat), a check on
+    utime+stime's clock ticks."""
     out = {g: 0.0 for g, _ in THREAD_GROUPS} | {"other": 0.0}
     for t in os.listdir(f"/proc/{pid}/task"):
         try:
@@ -454,8 +444,9 @@ class Meter:
 
     def read(self) -> dict:
         ch = resource.getrusage(resource.RUSAGE_CHILDREN)
+        groups = sched_by_group(self.gw_pid)
         return {"t": time.monotonic(), "gw": C.cpu_ticks(self.gw_pid) * 1e6 / C.CLK_TCK,
-                "gw_ns": sched_ns(self.gw_pid) / 1e3, "groups": sched_by_group(self.gw_pid),
+                "groups": groups, "gw_ns": sum(groups.values()),
                 "sims": sum(C.cpu_ticks(p) for p in self.sim_pids) * 1e6 / C.CLK_TCK,
                 "me": time.process_time() * 1e6, "kids": (ch.ru_utime + ch.ru_stime) * 1e6,
                 "busy": C.system_busy_us()}

@@ -232,61 +232,46 @@ impl<'a> Reader<'a> {
         len.min(self.0.len())
     }
 
-    /// A length of `bytes` bytes, big-endian, after its marker.
-    fn be(&mut self, bytes: usize) -> Result<usize, Bad> {
-        let b = self.take(bytes)?;
-        Ok(b.iter().fold(0, |v, x| v << 8 | *x as usize))
-    }
-
     /// Skips `n` values, nested ones with them (without recursion: a
-    /// payload nested deep cannot take the stack).
+    /// payload nested deep cannot take the stack). rmp reads each length.
     fn skip(&mut self, mut n: usize) -> Result<(), Bad> {
         while n > 0 {
             n -= 1;
-            let m = Marker::from_u8(self.take(1)?[0]);
-            let data = match m {
-                Marker::FixArray(len) => {
-                    n += len as usize;
+            let data = match self.peek()? {
+                Marker::FixArray(_) | Marker::Array16 | Marker::Array32 => {
+                    n += self.array()?;
                     0
                 }
-                Marker::FixMap(len) => {
-                    n += 2 * len as usize;
+                Marker::FixMap(_) | Marker::Map16 | Marker::Map32 => {
+                    n += 2 * self.rmp(mp::read_map_len)? as usize;
                     0
                 }
-                Marker::Array16 => {
-                    n += self.be(2)?;
-                    0
+                Marker::FixStr(_) | Marker::Str8 | Marker::Str16 | Marker::Str32 => {
+                    self.rmp(mp::read_str_len)? as usize
                 }
-                Marker::Array32 => {
-                    n += self.be(4)?;
-                    0
+                Marker::Bin8 | Marker::Bin16 | Marker::Bin32 => {
+                    self.rmp(mp::read_bin_len)? as usize
                 }
-                Marker::Map16 => {
-                    n += 2 * self.be(2)?;
-                    0
+                Marker::FixExt1
+                | Marker::FixExt2
+                | Marker::FixExt4
+                | Marker::FixExt8
+                | Marker::FixExt16
+                | Marker::Ext8
+                | Marker::Ext16
+                | Marker::Ext32 => self.rmp(mp::read_ext_meta)?.size as usize,
+                Marker::Reserved => return Err(Bad::Type("a value", Marker::Reserved)),
+                // Nil, a boolean or a number: the marker, then its bytes.
+                m => {
+                    self.take(1)?;
+                    match m {
+                        Marker::U8 | Marker::I8 => 1,
+                        Marker::U16 | Marker::I16 => 2,
+                        Marker::U32 | Marker::I32 | Marker::F32 => 4,
+                        Marker::U64 | Marker::I64 | Marker::F64 => 8,
+                        _ => 0,
+                    }
                 }
-                Marker::Map32 => {
-                    n += 2 * self.be(4)?;
-                    0
-                }
-                Marker::FixStr(len) => len as usize,
-                Marker::Str8 | Marker::Bin8 => self.be(1)?,
-                Marker::Str16 | Marker::Bin16 => self.be(2)?,
-                Marker::Str32 | Marker::Bin32 => self.be(4)?,
-                Marker::U8 | Marker::I8 => 1,
-                Marker::U16 | Marker::I16 => 2,
-                Marker::U32 | Marker::I32 | Marker::F32 => 4,
-                Marker::U64 | Marker::I64 | Marker::F64 => 8,
-                Marker::FixExt1 => 2,
-                Marker::FixExt2 => 3,
-                Marker::FixExt4 => 5,
-                Marker::FixExt8 => 9,
-                Marker::FixExt16 => 17,
-                Marker::Ext8 => self.be(1)? + 1,
-                Marker::Ext16 => self.be(2)? + 1,
-                Marker::Ext32 => self.be(4)? + 1,
-                Marker::Reserved => return Err(Bad::Type("a value", m)),
-                _ => 0, // nil, booleans, fixed integers
             };
             self.take(data)?;
         }

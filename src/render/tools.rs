@@ -69,9 +69,7 @@ impl Kept {
         if bytes > self.max_bytes {
             return;
         }
-        if let Some((_, _, had)) = self.lists.remove(&key) {
-            self.bytes -= had;
-        }
+        self.forget(key);
         while self.lists.len() >= self.max_lists || self.bytes + bytes > self.max_bytes {
             // A scan of the kept lists, once a new list is converted: rare
             // beside the lookups.
@@ -79,13 +77,17 @@ impl Kept {
             let Some(oldest) = oldest.map(|(key, _)| *key) else {
                 break;
             };
-            if let Some((_, _, had)) = self.lists.remove(&oldest) {
-                self.bytes -= had;
-            }
+            self.forget(oldest);
         }
         self.clock += 1;
         self.bytes += bytes;
         self.lists.insert(key, (list, self.clock, bytes));
+    }
+
+    fn forget(&mut self, key: u64) {
+        if let Some((_, _, had)) = self.lists.remove(&key) {
+            self.bytes -= had;
+        }
     }
 }
 
@@ -472,15 +474,18 @@ pub(super) fn map<K: Into<Value>>(entries: impl IntoIterator<Item = (K, Value)>)
 mod tests {
     use super::*;
 
+    /// A chat list of one tool named `name`.
+    fn list_of(name: &str) -> Box<RawValue> {
+        let list = format!(r#"[{{"type":"function","function":{{"name":"{name}"}}}}]"#);
+        RawValue::from_string(list).unwrap()
+    }
+
+    const CHAT: Convert = |list| list.iter().map(chat_tool).collect();
+
     #[test]
     fn past_its_bound_the_least_recently_used_list_goes() {
         let lists = Lists::default();
-        let raw = |i: usize| -> Box<RawValue> {
-            let list = format!(r#"[{{"type":"function","function":{{"name":"t{i}"}}}}]"#);
-            RawValue::from_string(list).unwrap()
-        };
-        let convert: Convert = |list| list.iter().map(chat_tool).collect();
-        let get = |i: usize| lists.get(Form::Chat, &raw(i), convert);
+        let get = |i: usize| lists.get(Form::Chat, &list_of(&format!("t{i}")), CHAT);
         for i in 0..KEPT {
             assert!(get(i).is_new());
             assert!(get(i).converted(&lists).is_ok());
@@ -499,13 +504,10 @@ mod tests {
     fn past_its_bytes_the_least_recently_used_lists_go() {
         // Lists of 1,000 bytes and more; at most 2,500 bytes kept.
         let lists = Lists::bounded(KEPT, 2_500);
-        let raw = |i: usize, len: usize| -> Box<RawValue> {
+        let get = |i: usize, len: usize| {
             let name = format!("t{i}{}", "x".repeat(len));
-            let list = format!(r#"[{{"type":"function","function":{{"name":"{name}"}}}}]"#);
-            RawValue::from_string(list).unwrap()
+            lists.get(Form::Chat, &list_of(&name), CHAT)
         };
-        let convert: Convert = |list| list.iter().map(chat_tool).collect();
-        let get = |i: usize, len: usize| lists.get(Form::Chat, &raw(i, len), convert);
         for i in 0..2 {
             assert!(get(i, 1_000).converted(&lists).is_ok());
         }
