@@ -15,7 +15,8 @@ template), fetched once into $POIMEN_BENCH_CACHE (default
 Everything on loopback; every process started here is stopped at the end.
 Backends: two vllm-sim on addresses of their own (127.0.0.11, 127.0.0.12:
 the events port is the same on every backend's host), delays off
-(--time-scale 0), publishing KV-cache events as vLLM does (--block-size 16:
+(--time-scale 0; --sim-time-scale 1 gives them the sim's GPU-like pace: 20 µs
+a prompt token not cached, 2 ms a token out), publishing KV-cache events as vLLM does (--block-size 16:
 an event block is 64 of the sim's byte tokens, the gateway's
 kv_events.block_size), answering 1 token (max_tokens 1). Gateway: threads 2,
 one log line per request (RUST_LOG=info), routing.prefix_index, no key
@@ -318,7 +319,7 @@ def start_sims(procs: C.Procs, bins: Path, a, tag: str) -> dict:
     env = dict(os.environ, RUST_LOG="warn")
     for i, h in enumerate(SIM_HOSTS):
         port = port_free_on([h])
-        argv = [str(bins / "vllm-sim"), "--listen", f"{h}:{port}", "--model", MODEL, "--time-scale", "0",
+        argv = [str(bins / "vllm-sim"), "--listen", f"{h}:{port}", "--model", MODEL, "--time-scale", f"{a.sim_time_scale:g}",
                 "--block-size", str(SIM_BLOCK), "--kv-cache-tokens", str(a.sim_kv_tokens),
                 "--max-num-seqs", "256", "--max-model-len", "1000000",
                 "--kv-events-port", str(ev), "--kv-replay-port", str(rp)]
@@ -922,6 +923,9 @@ def main() -> int:
     ap.add_argument("--small-interval-ms", type=int, default=50)
     ap.add_argument("--render-threads", type=int, help="gateway.render.threads (default: not set, the "
                     "gateway's default)")
+    ap.add_argument("--sim-time-scale", type=float, default=0.0,
+                    help="the sims' --time-scale: 0 answers at once (the gateway's CPU is the bound), 1 at the "
+                         "sim's GPU-like pace")
     ap.add_argument("--sim-kv-tokens", type=int, default=2_000_000, help="each sim's KV cache, in its tokens (4 B)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", default=str(C.RESULTS / "render-cost.md"))
