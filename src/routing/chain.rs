@@ -148,8 +148,19 @@ pub fn of_tokens(tokens: &[u32], block: usize) -> Vec<u64> {
 
 /// The link of the block of token ids `ids` after `parent`.
 pub fn token_link(parent: u64, ids: &[u32]) -> u64 {
-    let bytes: Vec<u8> = ids.iter().flat_map(|t| t.to_le_bytes()).collect();
-    xxh3_64_with_seed(&xxh3_64(&bytes).to_le_bytes(), parent)
+    xxh3_64_with_seed(&xxh3_64(&le_bytes(ids)).to_le_bytes(), parent)
+}
+
+/// `ids`, each as 4 bytes little-endian: on a little-endian machine, their
+/// memory as it is.
+#[cfg(target_endian = "little")]
+fn le_bytes(ids: &[u32]) -> std::borrow::Cow<'_, [u8]> {
+    zerocopy::IntoBytes::as_bytes(ids).into()
+}
+
+#[cfg(target_endian = "big")]
+fn le_bytes(ids: &[u32]) -> std::borrow::Cow<'_, [u8]> {
+    ids.iter().flat_map(|t| t.to_le_bytes()).collect()
 }
 
 /// Make `chain` the chain of model or adapter `name`: no block of another
@@ -238,6 +249,19 @@ mod tests {
 
     fn message(role: &str, len: usize) -> serde_json::Value {
         json!({"role": role, "content": "x".repeat(len)})
+    }
+
+    #[test]
+    fn a_chain_of_tokens_hashes_each_blocks_ids_little_endian() {
+        let ids: Vec<u32> = (0..10).map(|i| 0x0102_0304 * i + 7).collect();
+        let link = |parent, ids: &[u32]| {
+            let bytes: Vec<u8> = ids.iter().flat_map(|t| t.to_le_bytes()).collect();
+            xxh3_64_with_seed(&xxh3_64(&bytes).to_le_bytes(), parent)
+        };
+        let b0 = link(0, &ids[..4]);
+        let b1 = link(b0, &ids[4..8]);
+        // The last two ids are no whole block.
+        assert_eq!(of_tokens(&ids, 4), [b0, b1]);
     }
 
     #[test]
