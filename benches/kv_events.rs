@@ -304,7 +304,9 @@ fn render(c: &mut Criterion) {
             &Renderer::load(&dir).unwrap(),
             Some(&agent_tools(20)),
         ),
-        None => eprintln!("chain_qwen3_tools: no Qwen3 tokenizer (run bench/overhead/render.py once)"),
+        None => {
+            eprintln!("chain_qwen3_tools: no Qwen3 tokenizer (run bench/overhead/render.py once)")
+        }
     }
 }
 
