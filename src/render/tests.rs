@@ -73,6 +73,31 @@ fn what_is_not_rendered_exactly_says_why() {
 }
 
 #[test]
+fn a_content_is_a_string_or_a_list_and_nothing_else() {
+    let r = byte_model();
+    let ids = |text: &str| text.bytes().map(u32::from).collect::<Vec<_>>();
+    // Escapes decoded: the string is read into a buffer of its own.
+    let escaped = br#"{"messages":[{"role":"user","content":"a\nb\u0009"}]}"#;
+    assert_eq!(r.tokens(Api::ChatCompletions, escaped), Ok(ids("user\na\nb\t\n")));
+    let parts = br#"{"messages":[{"role":"user","content":["a",{"type":"text","text":"b"}]}]}"#;
+    assert_eq!(r.tokens(Api::ChatCompletions, parts), Ok(ids("user\na\nb\n")));
+    let blocks = br#"{"messages":[{"role":"user","content":[{"type":"text","text":"a"}]}]}"#;
+    assert_eq!(r.tokens(Api::Messages, blocks), Ok(ids("user\na\n")));
+    let text = br#"{"messages":[{"role":"user","content":"a"}]}"#;
+    assert_eq!(r.tokens(Api::Messages, text), Ok(ids("user\na\n")));
+    let input = br#"{"input":"a"}"#;
+    assert_eq!(r.tokens(Api::Responses, input), Ok(ids("user\na\n")));
+    for (api, body) in [
+        (Api::ChatCompletions, &br#"{"messages":[{"role":"user","content":5}]}"#[..]),
+        (Api::ChatCompletions, br#"{"messages":[{"role":"user","content":{"text":"a"}}]}"#),
+        (Api::Messages, br#"{"messages":[{"role":"user","content":true}]}"#),
+        (Api::Responses, br#"{"input":{"role":"user"}}"#),
+    ] {
+        assert_eq!(r.tokens(api, body), Err(Unrendered::Failed));
+    }
+}
+
+#[test]
 fn a_template_renders_as_transformers_does() {
     // trim_blocks and lstrip_blocks, Python's string methods, the special
     // tokens, the generation prompt and raise_exception.
