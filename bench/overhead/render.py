@@ -32,6 +32,9 @@ Modes (--modes), interleaved in rounds, the order reversed every other round:
                  without its normalizer (NFC): the same token ids for this
                  text, which is NFC already (checked); what NFC costs
   on-2-threads   (diagnostic) as on, with gateway.render.threads: 2
+  on-pool        (diagnostic) as on, with gateway.render.inline_bytes: 0:
+                 every prompt rendered by the render threads, none on a
+                 proxy thread
 
 Prompts: text from the repository (its tracked docs/*.md, README.md and
 src/**/*.rs: English and Rust, as a coding agent sends), sliced at seeded
@@ -98,7 +101,9 @@ SIM_BLOCK = 16  # the sims' block, in their tokens of 4 bytes
 EVENT_BLOCK = 64  # ... = 64 byte tokens in their events: the gateway's kv_events.block_size
 AGENTS = C.REPO / "tests" / "data" / "render" / "agents.json"
 TOOLS_FROM = "claude/ls/turn1/req2"  # a request Claude Code sent, with its tools
-MODES = ("off", "on", "on-no-events", "on-no-nfc", "on-2-threads")
+MODES = ("off", "on", "on-no-events", "on-no-nfc", "on-2-threads", "on-pool")
+# The modes whose gateway takes in the sims' events.
+SUBSCRIBED = ("on", "on-no-nfc", "on-2-threads", "on-pool")
 CASES = ("cached-1k", "cached-64k", "new-64k", "cached-1k-no-tools")
 DEFAULT_CASES = CASES
 DEFAULT_MODES = ("off", "on", "on-no-events", "on-no-nfc")
@@ -346,7 +351,7 @@ def without_nfc(tok: Path, wd: Path) -> Path:
 
 def gateway_models(mode: str, sims: dict, tok: Path) -> list[dict]:
     m = {"name": MODEL, "addresses": sims["addrs"]}
-    if mode in ("on", "on-no-nfc", "on-2-threads"):
+    if mode in SUBSCRIBED:
         m["kv_events"] = {"port": sims["events"], "replay_port": sims["replay"], "block_size": EVENT_BLOCK,
                           "tokenizer": str(tok)}
     elif mode == "on-no-events":
@@ -361,11 +366,13 @@ def start_gateway(procs: C.Procs, bins: Path, wd: Path, name: str, mode: str, si
     extra: dict = {"routing": {"prefix_index": {"cache_tokens": 1 << 20}}}
     if render_threads is not None:
         extra["render"] = {"threads": render_threads}
+    if mode == "on-pool":
+        extra.setdefault("render", {})["inline_bytes"] = 0
     cfg = C.gateway_yaml(wd, name, port, mport, gateway_models(mode, sims, tok), threads=2,
                          scheduler={"max_num_seqs": 256, "max_queue_depth": 0}, extra=extra)
     p = C.start_gateway(procs, bins, name, cfg, port, rust_log="info")
     C.wait_port(mport, proc=p)
-    if mode in ("on", "on-no-nfc", "on-2-threads"):
+    if mode in SUBSCRIBED:
         deadline = time.monotonic() + 20
         while metric_sum(mport, "poimen_gateway_kv_events_connected") < len(sims["addrs"]):
             if time.monotonic() > deadline:
@@ -731,7 +738,9 @@ def report(a, argv: list[str], bins: Path, tok: Path, tools: list[dict], files: 
        if "on-no-events" in modes else "") +
       ("; `on-no-nfc` = `on` with Qwen3's tokenizer.json without its normalizer (NFC; the prompts are NFC "
        f"already: {nfc}, so the token ids are the same)" if "on-no-nfc" in modes else "") +
-      ("; `on-2-threads` = `on` with `gateway.render.threads: 2`" if "on-2-threads" in modes else ""))
+      ("; `on-2-threads` = `on` with `gateway.render.threads: 2`" if "on-2-threads" in modes else "") +
+      ("; `on-pool` = `on` with `gateway.render.inline_bytes: 0` (no prompt rendered on a proxy thread)"
+       if "on-pool" in modes else ""))
     w(f"- backends: 2 × `{' '.join(Path(sims['argv'][0]).name if i == 0 else x for i, x in enumerate(sims['argv']))}` "
       f"(the other on {SIM_HOSTS[0]}; delays off, so the gateway's CPU is what is measured; an event block is "
       f"{EVENT_BLOCK} of the sim's byte tokens: about as many blocks per prompt as vLLM publishes for Qwen3 at "
