@@ -63,7 +63,7 @@ sending new 64 KB conversations back to back (a Lua script written into the
 run's directory, the same shape as new-64k).
 
 Part 2 alone: --cases "" (e.g. --modes off,on,on-2-threads --cases "").
-The defaults (5 rounds, the modes but on-2-threads, every case) are what
+The defaults (5 rounds, the modes but on-2-threads and on-pool, every case) are what
 bench/results/render-cost.md was made with: about 18 minutes on the 2-core
 machine. Writes bench/results/render-cost.md (or --out); --keep-logs keeps
 the run's directory (logs, configs, results.json).

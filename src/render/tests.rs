@@ -76,11 +76,17 @@ fn what_is_not_rendered_exactly_says_why() {
 fn a_content_is_a_string_or_a_list_and_nothing_else() {
     let r = byte_model();
     let ids = |text: &str| text.bytes().map(u32::from).collect::<Vec<_>>();
-    // Escapes decoded: the string is read into a buffer of its own.
+    // A string with escapes, decoded.
     let escaped = br#"{"messages":[{"role":"user","content":"a\nb\u0009"}]}"#;
-    assert_eq!(r.tokens(Api::ChatCompletions, escaped), Ok(ids("user\na\nb\t\n")));
+    assert_eq!(
+        r.tokens(Api::ChatCompletions, escaped),
+        Ok(ids("user\na\nb\t\n"))
+    );
     let parts = br#"{"messages":[{"role":"user","content":["a",{"type":"text","text":"b"}]}]}"#;
-    assert_eq!(r.tokens(Api::ChatCompletions, parts), Ok(ids("user\na\nb\n")));
+    assert_eq!(
+        r.tokens(Api::ChatCompletions, parts),
+        Ok(ids("user\na\nb\n"))
+    );
     let blocks = br#"{"messages":[{"role":"user","content":[{"type":"text","text":"a"}]}]}"#;
     assert_eq!(r.tokens(Api::Messages, blocks), Ok(ids("user\na\n")));
     let text = br#"{"messages":[{"role":"user","content":"a"}]}"#;
@@ -88,9 +94,18 @@ fn a_content_is_a_string_or_a_list_and_nothing_else() {
     let input = br#"{"input":"a"}"#;
     assert_eq!(r.tokens(Api::Responses, input), Ok(ids("user\na\n")));
     for (api, body) in [
-        (Api::ChatCompletions, &br#"{"messages":[{"role":"user","content":5}]}"#[..]),
-        (Api::ChatCompletions, br#"{"messages":[{"role":"user","content":{"text":"a"}}]}"#),
-        (Api::Messages, br#"{"messages":[{"role":"user","content":true}]}"#),
+        (
+            Api::ChatCompletions,
+            &br#"{"messages":[{"role":"user","content":5}]}"#[..],
+        ),
+        (
+            Api::ChatCompletions,
+            br#"{"messages":[{"role":"user","content":{"text":"a"}}]}"#,
+        ),
+        (
+            Api::Messages,
+            br#"{"messages":[{"role":"user","content":true}]}"#,
+        ),
         (Api::Responses, br#"{"input":{"role":"user"}}"#),
     ] {
         assert_eq!(r.tokens(api, body), Err(Unrendered::Failed));
