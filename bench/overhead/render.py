@@ -15,9 +15,9 @@ template), fetched once into $POIMEN_BENCH_CACHE (default
 Everything on loopback; every process started here is stopped at the end.
 Backends: two vllm-sim on addresses of their own (127.0.0.11, 127.0.0.12:
 the events port is the same on every backend's host), delays off
-(--time-scale 0; --sim-time-scale 1 gives them the sim's GPU-like pace: 20 µs
-a prompt token not cached, 2 ms a token out), publishing KV-cache events as vLLM does (--block-size 16:
-an event block is 64 of the sim's byte tokens, the gateway's
+(--time-scale 0; --sim-time-scale 1 gives them the sim's GPU-like pace: 20
+µs a prompt token not cached, 2 ms a token out), publishing KV-cache events
+as vLLM does (--block-size 16: an event block is 64 of the sim's byte tokens, the gateway's
 kv_events.block_size), answering 1 token (max_tokens 1). Gateway: threads 2,
 one log line per request (RUST_LOG=info), routing.prefix_index, no key
 header (routing by cost); a fresh one per round and mode.
@@ -742,7 +742,9 @@ def report(a, argv: list[str], bins: Path, tok: Path, tools: list[dict], files: 
       ("; `on-pool` = `on` with `gateway.render.inline_bytes: 0` (no prompt rendered on a proxy thread)"
        if "on-pool" in modes else ""))
     w(f"- backends: 2 × `{' '.join(Path(sims['argv'][0]).name if i == 0 else x for i, x in enumerate(sims['argv']))}` "
-      f"(the other on {SIM_HOSTS[0]}; delays off, so the gateway's CPU is what is measured; an event block is "
+      f"(the other on {SIM_HOSTS[0]}; "
+      + ("delays off, so the gateway's CPU is what is measured" if a.sim_time_scale == 0
+         else f"delays at {a.sim_time_scale:g}x the sim's GPU-like pace") + "; an event block is "
       f"{EVENT_BLOCK} of the sim's byte tokens: about as many blocks per prompt as vLLM publishes for Qwen3 at "
       "block size 16, each with 4× the token ids)")
     w(f"- prompts: text of the repository ({len(files)} tracked files: README.md, docs/*.md, src/**/*.rs; "
