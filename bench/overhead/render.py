@@ -18,7 +18,8 @@ the events port is the same on every backend's host), delays off
 (--time-scale 0; --sim-time-scale 1 gives them the sim's GPU-like pace: 20
 µs a prompt token not cached, 2 ms a token out), publishing KV-cache events
 as vLLM does (--block-size 16: an event block is 64 of the sim's byte tokens, the gateway's
-kv_events.block_size), answering 1 token (max_tokens 1). Gateway: threads 2,
+kv_events.block_size), answering 1 token (max_tokens 1; --answer-tokens N:
+a cached turn asks for N, streamed, as agents do). Gateway: threads 2,
 one log line per request (RUST_LOG=info), routing.prefix_index, no key
 header (routing by cost); a fresh one per round and mode.
 
@@ -202,6 +203,14 @@ class Text:
         return self.esc[s:e if e > 0 else s + n]
 
 
+def answer_fields(tokens: int) -> str:
+    """The body's fields asking for an answer of `tokens` tokens: one token
+    whole, more streamed, as agents ask."""
+    if tokens == 1:
+        return '"max_tokens":1'
+    return f'"max_tokens":{tokens},"stream":true'
+
+
 def msg(role: str, content: str) -> str:
     return '{"role":"' + role + '","content":"' + content + '"}'
 
@@ -211,7 +220,7 @@ class Session:
     is its previous request plus an assistant answer and a user message."""
 
     def __init__(self, tag: str, text: Text, system: str, start: int, msg_bytes: int, turn_bytes: int,
-                 tools_json: str | None):
+                 tools_json: str | None, answer_tokens: int = 1):
         self.tag, self.text, self.turn_bytes = tag, text, turn_bytes
         parts = [msg("system", system)]
         size = len(system)
@@ -228,7 +237,7 @@ class Session:
         self.sizes: list[int] = []  # after each next turn
         self.turn = 0
         self.tail = ("]," + ('"tools":' + tools_json + "," if tools_json else "") +
-                     '"model":"' + MODEL + '","max_tokens":1}')
+                     '"model":"' + MODEL + '",' + answer_fields(answer_tokens) + '}')
 
     def body(self) -> bytes:
         return ('{"messages":[' + self.msgs + self.tail).encode()
@@ -523,7 +532,8 @@ def timed(gen, secs: float):
 
 
 def make_sessions(prefix: str, n: int, text: Text, system: str, start: int, a, tools_json: str) -> list[Session]:
-    return [Session(f"{prefix}{i}", text, system, start, a.msg_bytes, a.turn_bytes, tools_json) for i in range(n)]
+    return [Session(f"{prefix}{i}", text, system, start, a.msg_bytes, a.turn_bytes, tools_json, a.answer_tokens)
+            for i in range(n)]
 
 
 async def cpu_phase(port: int, mport: int, meter: Meter, bodies, conc: int) -> dict:
@@ -752,7 +762,9 @@ def report(a, argv: list[str], bins: Path, tok: Path, tools: list[dict], files: 
       f"alternating user and assistant messages of {a.msg_bytes} B; each next turn adds an assistant answer and "
       f"a user message of {a.turn_bytes} B; tools: {len(tools)} of Claude Code's "
       f"({', '.join(t['function']['name'] for t in tools)}; {len(json.dumps(tools)) / 1024:.1f} KB as chat "
-      "tools), from `tests/data/render/agents.json`; the same system message and tools in every cached session")
+      "tools), from `tests/data/render/agents.json`; the same system message and tools in every cached session; "
+      + ("each asks for one token (max_tokens 1)" if a.answer_tokens == 1
+         else f"each cached turn asks for {a.answer_tokens} tokens, streamed (the new prompts for one)"))
     w(f"- load: Python aiohttp, {a.conc} closed-loop connections (part 1); {a.small_clients} paced clients + one "
       "wrk connection (part 2); ports on loopback; rounds interleaved, the modes' order alternating; medians "
       f"over {R} rounds")
@@ -924,6 +936,8 @@ def main() -> int:
     ap.add_argument("--start-1k", type=int, default=600, help="cached-1k: conversation bytes before the turns")
     ap.add_argument("--sessions-1k", type=int, default=1500)
     ap.add_argument("--turns-1k", type=int, default=2)
+    ap.add_argument("--answer-tokens", type=int, default=1,
+                    help="tokens each cached turn asks for (max_tokens); more than 1: streamed")
     ap.add_argument("--start-64k", type=int, default=63 * 1024)
     ap.add_argument("--sessions-64k", type=int, default=96)
     ap.add_argument("--turns-64k", type=int, default=12)
