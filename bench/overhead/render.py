@@ -16,12 +16,13 @@ Everything on loopback; every process started here is stopped at the end.
 Backends: two vllm-sim on addresses of their own (127.0.0.11, 127.0.0.12:
 the events port is the same on every backend's host), delays off
 (--time-scale 0; --sim-time-scale 1 gives them the sim's GPU-like pace: 20
-µs a prompt token not cached, 2 ms a token out), publishing KV-cache events
-as vLLM does (--block-size 16: an event block is 64 of the sim's byte tokens, the gateway's
-kv_events.block_size), answering 1 token (max_tokens 1; --answer-tokens N:
-a cached turn asks for N, streamed, as agents do). Gateway: threads 2,
-one log line per request (RUST_LOG=info), routing.prefix_index, no key
-header (routing by cost); a fresh one per round and mode.
+µs a prompt token not cached, 2 ms a token out), publishing KV-cache
+events as vLLM does (--block-size 16: an event block is 64 of the sim's
+byte tokens, the gateway's kv_events.block_size), answering 1 token
+(max_tokens 1; --answer-tokens N: a cached turn asks for N, streamed, as
+agents do). Gateway: threads 2, one log line per request (RUST_LOG=info),
+routing.prefix_index, no key header (routing by cost); a fresh one per
+round and mode.
 
 Modes (--modes), interleaved in rounds, the order reversed every other round:
   off            routing.prefix_index only (no kv_events): the baseline
@@ -64,9 +65,9 @@ sending new 64 KB conversations back to back (a Lua script written into the
 run's directory, the same shape as new-64k).
 
 Part 2 alone: --cases "" (e.g. --modes off,on,on-2-threads --cases "").
-The defaults (5 rounds, the modes but on-2-threads and on-pool, every case) are what
-bench/results/render-cost.md was made with: about 18 minutes on the 2-core
-machine. Writes bench/results/render-cost.md (or --out); --keep-logs keeps
+The defaults (5 rounds, the modes but on-2-threads and on-pool, every
+case) are what bench/results/render-cost.md was made with: about 18
+minutes on the 2-core machine. Writes bench/results/render-cost.md (or --out); --keep-logs keeps
 the run's directory (logs, configs, results.json).
 """
 
